@@ -1,0 +1,45 @@
+# The course's commands. `make help` lists them.
+# `make lab` and `make test` install first when needed, so either works as the first command
+# on a fresh machine that has only Python 3.11 and pip.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
+
+.DEFAULT_GOAL := help
+.PHONY: help install test unit nbval execute lab lint bench clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+
+install: $(STAMP) ## Create .venv with the exact pins and course_utils (editable)
+
+$(STAMP): requirements.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 10) else "Python 3.10+ is needed, found %d.%d" % v[:2])'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	@touch $@
+
+test: $(STAMP) ## Unit tests, then every notebook under nbval
+	$(BIN)/python -m pytest
+
+unit: $(STAMP) ## Unit tests only (fast)
+	$(BIN)/python -m pytest tests
+
+nbval: $(STAMP) ## Notebooks only, under nbval
+	$(BIN)/python -m pytest notebooks
+
+execute: $(STAMP) ## Re-run every notebook in place (clean CPU run) to refresh stored outputs
+	$(BIN)/python -m course_utils.nbtools execute $(NOTEBOOKS)
+
+lab: $(STAMP) ## Open the course in JupyterLab
+	$(BIN)/python -m jupyter lab notebooks/
+
+lint: $(STAMP) ## ruff over the package, the tests and the notebooks
+	$(BIN)/python -m ruff check .
+
+clean: ## Remove the virtual environment and caches
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
