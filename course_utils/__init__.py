@@ -1,0 +1,15 @@
+"""Helpers for the runnable course on PyTorch data parallelism.
+
+Each module holds one idea and names the notebook that introduces it. Importing the package is
+cheap: it does not import torch's heavier parts and never initialises CUDA.
+"""
+
+__version__ = "0.1.0"
+
+#: The one place that names the course's repository. The Colab badges and the set-up cell of
+#: every notebook are built from it (``python -m course_utils.nbtools sync``), and a test keeps
+#: them in step.
+REPO = "pytorch-data-parallel-course/course"
+BRANCH = "main"
+
+__all__ = ["BRANCH", "REPO", "__version__"]

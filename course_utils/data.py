@@ -1,0 +1,64 @@
+"""Small synthetic data sets; nothing is downloaded (notebooks 01 and 02)."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from ._checks import check_int, check_positive_int
+
+__all__ = ["RandomDataset", "make_loader", "regression_dataset"]
+
+
+class RandomDataset(Dataset):
+    """The tutorial's data set: ``length`` random vectors of ``size`` features.
+
+    Unlike the tutorial's, it draws from its own generator seeded with ``seed``, so a notebook
+    prints the same numbers on every run without touching the global random state.
+    """
+
+    def __init__(self, size: int, length: int, *, seed: int = 0) -> None:
+        self.size = check_positive_int("size", size)
+        self.len = check_positive_int("length", length)
+        generator = torch.Generator().manual_seed(check_int("seed", seed))
+        self.data = torch.randn(self.len, self.size, generator=generator)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.data[index]
+
+    def __len__(self) -> int:
+        return self.len
+
+    def __repr__(self) -> str:
+        return f"RandomDataset(size={self.size}, length={self.len})"
+
+
+def make_loader(
+    dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0, **kwargs
+) -> DataLoader:
+    """A ``DataLoader`` whose shuffling is seeded: the same batches in the same order every run."""
+    batch_size = check_positive_int("batch_size", batch_size)
+    generator = torch.Generator().manual_seed(check_int("seed", seed))
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
+                      **kwargs)
+
+
+def regression_dataset(
+    n_samples: int, input_size: int, output_size: int, *, noise: float = 0.1, seed: int = 0
+) -> tuple[TensorDataset, torch.Tensor, torch.Tensor]:
+    """``y = x @ W.T + b + noise``: a data set whose true ``W`` and ``b`` are known.
+
+    Returns ``(dataset, W, b)`` so that a notebook can compare what training learned with the
+    truth.
+    """
+    n_samples = check_positive_int("n_samples", n_samples)
+    input_size = check_positive_int("input_size", input_size)
+    output_size = check_positive_int("output_size", output_size)
+    if not isinstance(noise, (int, float)) or isinstance(noise, bool) or noise < 0:
+        raise ValueError(f"noise must be a number >= 0, got {noise!r}")
+    g = torch.Generator().manual_seed(check_int("seed", seed))
+    weight = torch.randn(output_size, input_size, generator=g)
+    bias = torch.randn(output_size, generator=g)
+    x = torch.randn(n_samples, input_size, generator=g)
+    y = x @ weight.T + bias + noise * torch.randn(n_samples, output_size, generator=g)
+    return TensorDataset(x, y), weight, bias

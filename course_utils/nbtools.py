@@ -1,0 +1,183 @@
+"""Maintaining the notebooks: execute them cleanly, keep their headers in step, check hygiene.
+
+Used by ``make execute`` and by the tests; learners never need it.
+
+    python -m course_utils.nbtools execute notebooks/*.ipynb   # refresh stored outputs
+    python -m course_utils.nbtools sync notebooks/*.ipynb      # rewrite badge + set-up cell
+    python -m course_utils.nbtools check notebooks/*.ipynb     # hygiene report, exit 1 on problems
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+from . import BRANCH, REPO
+
+__all__ = [
+    "SETUP_SOURCE",
+    "badge_markdown",
+    "clean_metadata",
+    "execute_notebook",
+    "hygiene_problems",
+    "sync_header",
+]
+
+SETUP_SOURCE = f'''# Set-up: in Colab, install the course's helpers; elsewhere this does nothing.
+import sys
+
+if "google.colab" in sys.modules:
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                    "git+https://github.com/{REPO}@{BRANCH}"], check=True)'''
+
+_BADGE_RE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
+
+# A path with at least two components that is not part of a URL, or an ipykernel temp name.
+_MACHINE_PATH = re.compile(r"(?<![\w:/.+=-])/(?:[\w.-]+/)+[\w.-]+|ipykernel_\d+")
+
+
+def badge_markdown(notebook_name: str) -> str:
+    """The "Open in Colab" badge for ``notebooks/<notebook_name>``."""
+    if not notebook_name.endswith(".ipynb") or "/" in notebook_name:
+        raise ValueError(f"expected a notebook file name like '00_x.ipynb', got {notebook_name!r}")
+    url = f"https://colab.research.google.com/github/{REPO}/blob/{BRANCH}/notebooks/{notebook_name}"
+    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
+
+
+def _load(path: Path):
+    import nbformat
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no notebook at {path}")
+    return nbformat.read(path, as_version=4)
+
+
+def sync_header(path: str | Path) -> bool:
+    """Put the current badge in the first (markdown) cell and the set-up code in the second.
+
+    Returns True if the file changed.
+    """
+    import nbformat
+
+    path = Path(path)
+    nb = _load(path)
+    cells = nb.cells
+    if len(cells) < 2 or cells[0].cell_type != "markdown" or cells[1].cell_type != "code":
+        raise ValueError(f"{path}: expected a markdown title cell, then the set-up code cell")
+    badge = badge_markdown(path.name)
+    title = cells[0].source
+    new_title = _BADGE_RE.sub(badge, title) if _BADGE_RE.search(title) else f"{badge}\n\n{title}"
+    changed = new_title != title or cells[1].source != SETUP_SOURCE
+    if changed:
+        cells[0].source = new_title
+        cells[1].source = SETUP_SOURCE
+        nbformat.write(nb, path)
+    return changed
+
+
+def clean_metadata(nb) -> None:
+    """Keep only what a reader needs: the kernel name and language; no timings, no widget state."""
+    nb.metadata = {
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
+    for cell in nb.cells:
+        keep = {k: v for k, v in cell.metadata.items() if k in ("tags",)}
+        cell.metadata = keep
+        for out in cell.get("outputs", []):
+            if "metadata" in out:
+                out.metadata = {}
+
+
+def execute_notebook(path: str | Path, *, timeout: int = 600) -> float:
+    """Run a notebook top to bottom in a fresh kernel, store its outputs, clean its metadata.
+
+    The kernel starts in the notebook's folder, as Jupyter would. Returns the seconds it took.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = Path(path)
+    nb = _load(path)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+    start = time.perf_counter()
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        record_timing=False,
+        resources={"metadata": {"path": str(path.parent.resolve())}},
+    )
+    client.execute()
+    seconds = time.perf_counter() - start
+    clean_metadata(nb)
+    nbformat.write(nb, path)
+    return seconds
+
+
+def hygiene_problems(path: str | Path) -> list[str]:
+    """What a learner or nbval would trip over in a stored notebook; empty when it is clean."""
+    path = Path(path)
+    nb = _load(path)
+    problems: list[str] = []
+    code = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+    if not code:
+        return [f"{path.name}: no code cells"]
+    if not any(c.get("outputs") for c in code):
+        problems.append(f"{path.name}: no stored outputs; nbval would have nothing to compare")
+    counts = [c.execution_count for c in code]
+    if counts != list(range(1, len(counts) + 1)):
+        problems.append(f"{path.name}: execution counts {counts[:6]}... are not one clean run")
+    for i, cell in enumerate(code):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error" and "NBVAL_RAISES_EXCEPTION" not in cell.source:
+                problems.append(f"{path.name}: code cell {i} stores an error ({out.get('ename')})")
+            data = out.get("data", {})
+            text = "".join(out.get("text", "")) + "".join(data.get("text/plain", ""))
+            found = _MACHINE_PATH.search(text)
+            if found:
+                problems.append(f"{path.name}: code cell {i} shows a path {found.group(0)!r}")
+        if set(cell.metadata) - {"tags"}:
+            problems.append(f"{path.name}: code cell {i} keeps metadata {sorted(cell.metadata)}")
+    if "widgets" in nb.metadata:
+        problems.append(f"{path.name}: notebook metadata stores widget state")
+    first = nb.cells[0].source if nb.cells else ""
+    if badge_markdown(path.name) not in first:
+        problems.append(f"{path.name}: the first cell lacks this notebook's current Colab badge")
+    if len(nb.cells) < 2 or nb.cells[1].source != SETUP_SOURCE:
+        problems.append(f"{path.name}: the second cell is not the current set-up cell")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_utils.nbtools", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["execute", "sync", "check"])
+    parser.add_argument("notebooks", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    status = 0
+    for path in args.notebooks:
+        if args.command == "execute":
+            sync_header(path)
+            seconds = execute_notebook(path)
+            print(f"executed {path} in {seconds:.1f} s", flush=True)
+        elif args.command == "sync":
+            print(f"{path}: {'updated' if sync_header(path) else 'up to date'}")
+        else:
+            for problem in hygiene_problems(path):
+                print(problem)
+                status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
