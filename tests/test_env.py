@@ -1,0 +1,89 @@
+import random
+import sys
+import types
+
+import pytest
+import torch
+
+from course_utils import env
+
+
+def test_report_describes_this_machine():
+    report = env.device_report()
+    assert report.torch == torch.__version__
+    assert report.cuda_available == torch.cuda.is_available()
+    assert report.gpu_count == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    assert report.gloo == torch.distributed.is_gloo_available()
+    text = str(report)
+    assert f"PyTorch          : {torch.__version__}" in text
+    assert "gloo available" in text and "NCCL available" in text
+    plan = report.plan_lines()
+    assert [line.split()[0] for line in plan] == ["02", "03", "04", "05", "06"]
+
+
+def test_plan_follows_the_hardware():
+    no_gpu = dict(env._course_plan(0, nccl=False, gloo=True))
+    two = dict(env._course_plan(2, nccl=True, gloo=True))
+    assert "pass-through" in no_gpu["02 nn.DataParallel"]
+    assert "emulation" in no_gpu["03 DataParallel by hand"]
+    assert "gloo" in no_gpu["05 DistributedDataParallel"]
+    assert "2 GPUs" in two["02 nn.DataParallel"]
+    assert "NCCL" in two["05 DistributedDataParallel"]
+    assert "unavailable" in dict(env._course_plan(0, nccl=False, gloo=False))[
+        "05 DistributedDataParallel"]
+
+
+def test_in_colab(monkeypatch):
+    monkeypatch.delenv("COLAB_RELEASE_TAG", raising=False)
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    assert env.in_colab() is False
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    assert env.in_colab() is True
+
+
+def test_seed_everything_makes_draws_repeatable():
+    env.seed_everything(123)
+    a = (random.random(), torch.randn(4))
+    env.seed_everything(123)
+    b = (random.random(), torch.randn(4))
+    assert a[0] == b[0]
+    assert torch.equal(a[1], b[1])
+    env.seed_everything(124)
+    assert not torch.equal(torch.randn(4), b[1])
+
+
+@pytest.mark.parametrize("bad, error", [(1.5, TypeError), ("0", TypeError), (-1, ValueError),
+                                        (2**32, ValueError), (None, TypeError)])
+def test_seed_everything_rejects_bad_seeds(bad, error):
+    with pytest.raises(error, match="seed"):
+        env.seed_everything(bad)
+
+
+def test_pick_device_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert env.pick_device() == torch.device("cpu")
+    assert env.pick_device(3) == torch.device("cpu")  # the seeds' fallback: no GPU, use the CPU
+
+
+def test_pick_device_with_simulated_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert env.pick_device() == torch.device("cuda:0")
+    assert env.pick_device(1) == torch.device("cuda:1")
+    with pytest.raises(ValueError, match=r"cuda:2 does not exist: this machine has 2 GPU\(s\)"):
+        env.pick_device(2)
+
+
+@pytest.mark.parametrize("bad, error", [(-1, ValueError), (0.0, TypeError), ("cuda:0", TypeError)])
+def test_pick_device_rejects_bad_index(bad, error):
+    with pytest.raises(error, match="index"):
+        env.pick_device(bad)
+
+
+def test_importing_the_package_does_not_initialise_cuda():
+    import subprocess
+
+    code = ("import course_utils, course_utils.env, course_utils.splits, course_utils.models, "
+            "course_utils.data, torch; print(torch.cuda.is_initialized())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

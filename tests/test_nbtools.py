@@ -1,0 +1,81 @@
+import nbformat
+import pytest
+
+from course_utils import REPO
+from course_utils.nbtools import (
+    SETUP_SOURCE,
+    badge_markdown,
+    clean_metadata,
+    hygiene_problems,
+    sync_header,
+)
+
+
+def make_notebook(path, *, outputs=True, counts=(1, 2), error=False, text="ok\n"):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_markdown_cell(f"{badge_markdown(path.name)}\n\n# 99 · Test"),
+        nbformat.v4.new_code_cell(SETUP_SOURCE, execution_count=counts[0]),
+        nbformat.v4.new_code_cell("print('ok')", execution_count=counts[1]),
+    ]
+    if outputs:
+        nb.cells[2].outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
+    if error:
+        nb.cells[2].outputs.append(nbformat.v4.new_output("error", ename="ValueError",
+                                                          evalue="boom", traceback=[]))
+    nbformat.write(nb, path)
+    return path
+
+
+def test_badge_points_at_the_notebook_in_the_repo():
+    badge = badge_markdown("00_environment_check.ipynb")
+    assert f"github/{REPO}/blob/main/notebooks/00_environment_check.ipynb" in badge
+    with pytest.raises(ValueError, match="notebook file name"):
+        badge_markdown("notebooks/00.ipynb")
+
+
+def test_clean_notebook_has_no_problems(tmp_path):
+    assert hygiene_problems(make_notebook(tmp_path / "99_test.ipynb")) == []
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({"outputs": False}, "no stored outputs"),
+    ({"counts": (1, 3)}, "not one clean run"),
+    ({"error": True}, "stores an error"),
+    ({"text": "saved to /home/someone/work/file.pt\n"}, "shows a path"),
+    ({"text": "[ipykernel_1234]\n"}, "shows a path"),
+])
+def test_hygiene_catches_problems(tmp_path, kwargs, expected):
+    problems = hygiene_problems(make_notebook(tmp_path / "99_test.ipynb", **kwargs))
+    assert any(expected in p for p in problems), problems
+
+
+def test_hygiene_allows_urls_and_catches_stale_headers(tmp_path):
+    path = make_notebook(tmp_path / "99_test.ipynb", text="see https://pytorch.org/docs/a/b\n")
+    assert hygiene_problems(path) == []
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[1].source = "import sys"
+    nb.cells[0].source = "# 99 · no badge"
+    nbformat.write(nb, path)
+    problems = hygiene_problems(path)
+    assert any("Colab badge" in p for p in problems)
+    assert any("set-up cell" in p for p in problems)
+    assert sync_header(path) is True
+    assert hygiene_problems(path) == []
+    assert sync_header(path) is False
+
+
+def test_clean_metadata_drops_widget_state_and_timings(tmp_path):
+    path = make_notebook(tmp_path / "99_test.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata["widgets"] = {"state": {}}
+    nb.cells[2].metadata["execution"] = {"iopub.execute_input": "2026-01-01"}
+    nb.cells[2].metadata["tags"] = ["raises-exception"]
+    clean_metadata(nb)
+    assert "widgets" not in nb.metadata
+    assert nb.cells[2].metadata == {"tags": ["raises-exception"]}
+
+
+def test_missing_notebook_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no notebook at"):
+        hygiene_problems(tmp_path / "nope.ipynb")

@@ -1,0 +1,59 @@
+"""Every notebook is collected by nbval, stored cleanly, and listed in the README."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_utils.nbtools import badge_markdown, hygiene_problems
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_notebooks_and_they_are_numbered_in_order():
+    names = [p.name for p in NOTEBOOKS]
+    assert names, "no notebooks found"
+    numbers = [int(re.match(r"^(\d\d)_[a-z0-9_]+\.ipynb$", n).group(1)) for n in names]
+    assert numbers == list(range(len(numbers))), names
+
+
+def test_nbval_collects_every_code_cell_of_every_notebook():
+    """`make test` runs plain `pytest`; nbval must pick up every notebook in notebooks/."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "notebooks"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    collected: dict[str, int] = {}
+    for line in out.stdout.splitlines():
+        match = re.match(r"^notebooks/([^:]+\.ipynb)::Cell \d+$", line.strip())
+        if match:
+            collected[match.group(1)] = collected.get(match.group(1), 0) + 1
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        code_cells = sum(1 for c in nb.cells if c.cell_type == "code")
+        assert collected.get(path.name) == code_cells, (path.name, collected)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_hygiene(path):
+    assert hygiene_problems(path) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_readme_lists_the_notebook_with_its_badge(path):
+    readme = (ROOT / "README.md").read_text()
+    assert f"notebooks/{path.name}" in readme
+    assert badge_markdown(path.name).split("](")[1].rstrip(")") in readme
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_opens_with_title_learning_goals_and_hardware(path):
+    title = nbformat.read(path, as_version=4).cells[0].source
+    assert re.search(r"^# \d\d · ", title, re.M), "the first cell starts with the numbered title"
+    assert "**What you will learn**" in title
+    assert "**Hardware:**" in title
