@@ -1,0 +1,598 @@
+"""DataParallel by hand: replicate, scatter, parallel_apply, gather on any machine (notebook 03).
+
+``torch.nn.parallel``'s primitives only accept GPUs ("Expected a non cpu device"). This module
+gives the same four steps over a list of devices that are either real CUDA devices (the work is
+then handed to ``torch.nn.parallel``) or *simulated* devices, ``"sim:0"``, ``"sim:1"``, ..., whose
+tensors live on the CPU. The simulation keeps what learners trip over:
+
+- **scatter** cuts tensors with ``torch.chunk`` along ``dim``, recurses into tuples, lists, dicts
+  and namedtuples, copies non-tensors to every device, and scatters keyword arguments too. The
+  chunk for the first device is a view of the input (the input already lives there); every other
+  device gets its own copy, as a host-to-device copy would make.
+- **replicate** gives every device a copy of the module whose parameters are *not* leaves: they
+  are differentiable copies of the originals, so backward sums every replica's gradient into the
+  original parameters. The first device's replica shares storage with the original (parameters
+  and buffers), so in-place buffer updates there (BatchNorm's running statistics) reach the
+  original module; the other replicas' updates are lost when they are dropped.
+- **parallel_apply** runs each replica in its own thread, with the caller's grad mode and CPU
+  autocast state, and re-raises a replica's exception in the caller, naming its device.
+- **gather** concatenates along ``dim`` on ``output_device``; scalar outputs are unsqueezed into
+  a vector with a warning, as PyTorch does.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._checks import check_int, check_positive_int
+
+__all__ = [
+    "DataParallelByHand",
+    "Equivalence",
+    "compare_training",
+    "SimDevice",
+    "course_devices",
+    "data_parallel",
+    "gather",
+    "parallel_apply",
+    "parse_devices",
+    "replicate",
+    "scatter",
+    "scatter_kwargs",
+    "sim_devices",
+    "time_steps",
+]
+
+
+@dataclass(frozen=True, order=True)
+class SimDevice:
+    """A simulated device: its tensors live on the CPU, its identity is its index."""
+
+    index: int
+
+    type = "sim"
+
+    def __str__(self) -> str:
+        return f"sim:{self.index}"
+
+    def __repr__(self) -> str:
+        return f"SimDevice({self.index})"
+
+
+Device = SimDevice | torch.device
+
+
+def sim_devices(n: int) -> list[SimDevice]:
+    """``n`` simulated devices, ``sim:0`` to ``sim:{n-1}``."""
+    return [SimDevice(i) for i in range(check_positive_int("n", n))]
+
+
+def course_devices(n: int) -> list[Device]:
+    """``n`` real GPUs when this machine has that many, else ``n`` simulated devices."""
+    n = check_positive_int("n", n)
+    if torch.cuda.is_available() and torch.cuda.device_count() >= n:
+        return [torch.device("cuda", i) for i in range(n)]
+    return sim_devices(n)
+
+
+def _parse_one(spec: Any) -> Device:
+    if isinstance(spec, SimDevice):
+        return spec
+    if isinstance(spec, bool):
+        raise TypeError(f"a device must be an int, 'cuda:N', 'sim:N' or a torch.device, got {spec!r}")
+    if isinstance(spec, int):
+        return _cuda(spec)
+    if isinstance(spec, torch.device):
+        if spec.type != "cuda":
+            raise ValueError(f"expected a CUDA or simulated device, got {spec}: the primitives "
+                             "need separate devices; use sim_devices(n) to simulate them")
+        return _cuda(0 if spec.index is None else spec.index)
+    if isinstance(spec, str):
+        kind, _, index = spec.partition(":")
+        if kind == "sim" and index.isdigit():
+            return SimDevice(int(index))
+        if kind == "cuda" and (index.isdigit() or not index):
+            return _cuda(int(index or 0))
+        if kind == "cpu":
+            raise ValueError("expected a CUDA or simulated device, got 'cpu': the primitives "
+                             "need separate devices; use sim_devices(n) to simulate them")
+        raise ValueError(f"unknown device {spec!r}: expected an int, 'cuda:N' or 'sim:N'")
+    raise TypeError(f"a device must be an int, 'cuda:N', 'sim:N' or a torch.device, "
+                    f"got {type(spec).__name__}")
+
+
+def _cuda(index: int) -> torch.device:
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not 0 <= index < count:
+        raise ValueError(f"cuda:{index} is not available (this machine has {count} GPU(s)); "
+                         f"use simulated devices such as 'sim:{index}' instead")
+    return torch.device("cuda", index)
+
+
+def parse_devices(device_ids: Sequence[Any]) -> list[Device]:
+    """Check and normalise a device list: all CUDA or all simulated, no repeats, not empty."""
+    if isinstance(device_ids, (str, bytes)) or not isinstance(device_ids, Sequence):
+        raise TypeError(f"device_ids must be a list of devices, got {type(device_ids).__name__}")
+    if len(device_ids) == 0:
+        raise ValueError("device_ids is empty: give at least one device, e.g. sim_devices(2)")
+    devices = [_parse_one(d) for d in device_ids]
+    if len({d.type for d in devices}) > 1:
+        raise ValueError(f"device_ids mixes CUDA and simulated devices: {[str(d) for d in devices]}")
+    if len(set(devices)) != len(devices):
+        raise ValueError(f"device_ids repeats a device: {[str(d) for d in devices]}")
+    return devices
+
+
+def _parse_output_device(output_device: Any, devices: list[Device]) -> Device:
+    if output_device is None:
+        return devices[0]
+    if output_device == -1 or output_device == "cpu":
+        return torch.device("cpu")
+    out = _parse_one(output_device)
+    if out.type != devices[0].type:
+        raise ValueError(f"output_device {out} is not of the same kind as device_ids "
+                         f"({devices[0].type})")
+    return out
+
+
+def _is_sim(devices: list[Device]) -> bool:
+    return isinstance(devices[0], SimDevice)
+
+
+def _is_namedtuple(obj: Any) -> bool:
+    return isinstance(obj, tuple) and hasattr(obj, "_asdict") and hasattr(obj, "_fields")
+
+
+# --------------------------------------------------------------------------- scatter
+
+
+def scatter(inputs: Any, device_ids: Sequence[Any], dim: int = 0, *, strict: bool = True) -> list:
+    """Split ``inputs`` over the devices: one entry per device that receives a chunk.
+
+    Tensors are cut with ``torch.chunk`` along ``dim``; tuples, lists, dicts and namedtuples are
+    walked; anything else is handed to every device unchanged. As in PyTorch, the result is as
+    long as the *shortest* split, so a tensor with fewer rows than devices leaves devices idle.
+    With ``strict=True`` (the default here) that raises instead; ``strict=False`` does what
+    ``nn.DataParallel`` silently does.
+    """
+    devices = parse_devices(device_ids)
+    dim = check_int("dim", dim)
+    if not _is_sim(devices):
+        _check_sizes(inputs, len(devices), dim, strict)
+        return torch.nn.parallel.scatter(inputs, [d.index for d in devices], dim)
+    _check_sizes(inputs, len(devices), dim, strict)
+
+    def scatter_map(obj: Any) -> list:
+        if isinstance(obj, torch.Tensor):
+            chunks = obj.chunk(len(devices), dim)
+            # the first device holds the input already: a view; the others get copies
+            return [c if i == 0 else c.clone() for i, c in enumerate(chunks)]
+        if _is_namedtuple(obj):
+            return [type(obj)(*args) for args in zip(*map(scatter_map, obj), strict=False)]
+        if isinstance(obj, tuple) and obj:
+            return list(zip(*map(scatter_map, obj), strict=False))
+        if isinstance(obj, list) and obj:
+            return [list(i) for i in zip(*map(scatter_map, obj), strict=False)]
+        if isinstance(obj, dict) and obj:
+            return [type(obj)(i) for i in zip(*map(scatter_map, obj.items()), strict=False)]
+        return [obj for _ in devices]
+
+    return scatter_map(inputs)
+
+
+def _tensors(obj: Any):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from _tensors(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors(item)
+
+
+def _check_sizes(inputs: Any, n: int, dim: int, strict: bool) -> None:
+    for t in _tensors(inputs):
+        if t.dim() == 0:
+            raise ValueError("cannot scatter a 0-dim tensor: it has no dimension to split")
+        if not -t.dim() <= dim < t.dim():
+            raise ValueError(f"dim={dim} is out of range for a tensor of shape {tuple(t.shape)}")
+        if strict and t.size(dim) < n:
+            raise ValueError(
+                f"a tensor of shape {tuple(t.shape)} has {t.size(dim)} entries along dim={dim}, "
+                f"fewer than the {n} devices: nn.DataParallel would silently run on only "
+                f"{t.size(dim)} of them. Use a bigger batch, fewer devices, or strict=False"
+            )
+
+
+def scatter_kwargs(
+    inputs: tuple, kwargs: dict | None, device_ids: Sequence[Any], dim: int = 0, *,
+    strict: bool = True,
+) -> tuple[tuple, tuple]:
+    """Scatter positional and keyword arguments together: ``(inputs_per_device, kwargs_per_device)``."""
+    if not isinstance(inputs, tuple):
+        raise TypeError(f"inputs must be a tuple of positional arguments, got {type(inputs).__name__}")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"kwargs must be a dict or None, got {type(kwargs).__name__}")
+    scattered_inputs = scatter(inputs, device_ids, dim, strict=strict) if inputs else []
+    scattered_kwargs = scatter(kwargs, device_ids, dim, strict=strict) if kwargs else []
+    scattered_inputs = list(scattered_inputs)
+    scattered_kwargs = list(scattered_kwargs)
+    while len(scattered_inputs) < len(scattered_kwargs):
+        scattered_inputs.append(())
+    while len(scattered_kwargs) < len(scattered_inputs):
+        scattered_kwargs.append({})
+    return tuple(scattered_inputs), tuple(scattered_kwargs)
+
+
+# --------------------------------------------------------------------------- replicate
+
+
+def replicate(module: nn.Module, device_ids: Sequence[Any], detach: bool = False) -> list[nn.Module]:
+    """One copy of ``module`` per device; backward through any copy reaches the original."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+    devices = parse_devices(device_ids)
+    if not _is_sim(devices):
+        return torch.nn.parallel.replicate(module, [d.index for d in devices], detach)
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.device.type != "cpu":
+            raise ValueError(f"simulated devices need the module on the CPU, found a tensor on "
+                             f"{t.device}")
+
+    def copy_param(j: int, p: torch.Tensor) -> torch.Tensor:
+        source = p.detach() if detach else p
+        # replica 0 shares storage with the original; the others hold copies of their own
+        return source.view_as(source) if j == 0 else source.clone()
+
+    def copy_buffer(j: int, b: torch.Tensor) -> torch.Tensor:
+        keep_grad = b.requires_grad and not detach
+        source = b if keep_grad else b.detach()
+        if j == 0:
+            return source.view_as(source) if keep_grad else source
+        return source.clone()
+
+    return _replicate_structure(module, len(devices), copy_param, copy_buffer)
+
+
+def _replicate_structure(
+    network: nn.Module,
+    num_replicas: int,
+    copy_param: Callable[[int, torch.Tensor], torch.Tensor],
+    copy_buffer: Callable[[int, torch.Tensor], torch.Tensor],
+) -> list[nn.Module]:
+    """Rebuild ``network``'s module tree ``num_replicas`` times with copied tensors.
+
+    Mirrors ``torch.nn.parallel.replicate``: every submodule is shallow-copied with
+    ``_replicate_for_data_parallel``; shared submodules stay shared inside a replica; the
+    parameter copies are plain tensors (not ``Parameter`` leaves), so gradients flow back.
+    """
+    modules = list(network.modules())
+    index = {m: i for i, m in enumerate(modules)}
+    copies: list[list[nn.Module]] = [[] for _ in range(num_replicas)]
+    for m in modules:
+        for j in range(num_replicas):
+            replica = m._replicate_for_data_parallel()
+            replica._former_parameters = OrderedDict()
+            copies[j].append(replica)
+    param_copies: dict[int, list[torch.Tensor]] = {}
+    buffer_copies: dict[int, list[torch.Tensor]] = {}
+    for i, m in enumerate(modules):
+        for key, child in m._modules.items():
+            for j in range(num_replicas):
+                if child is None:
+                    copies[j][i]._modules[key] = None
+                else:
+                    setattr(copies[j][i], key, copies[j][index[child]])
+        for key, param in m._parameters.items():
+            for j in range(num_replicas):
+                if param is None:
+                    copies[j][i]._parameters[key] = None
+                    continue
+                if id(param) not in param_copies:
+                    param_copies[id(param)] = [copy_param(k, param) for k in range(num_replicas)]
+                setattr(copies[j][i], key, param_copies[id(param)][j])
+                copies[j][i]._former_parameters[key] = param_copies[id(param)][j]
+        for key, buf in m._buffers.items():
+            for j in range(num_replicas):
+                if buf is None:
+                    copies[j][i]._buffers[key] = None
+                    continue
+                if id(buf) not in buffer_copies:
+                    buffer_copies[id(buf)] = [copy_buffer(k, buf) for k in range(num_replicas)]
+                setattr(copies[j][i], key, buffer_copies[id(buf)][j])
+    return [copies[j][0] for j in range(num_replicas)]
+
+
+# --------------------------------------------------------------------------- parallel_apply
+
+
+def parallel_apply(
+    replicas: Sequence[nn.Module],
+    inputs: Sequence[Any],
+    kwargs_tup: Sequence[dict] | None = None,
+    devices: Sequence[Any] | None = None,
+) -> list[Any]:
+    """Run ``replicas[i](*inputs[i], **kwargs_tup[i])``, each in its own thread.
+
+    If a replica raises, the exception is raised here, with the device it came from and the
+    replica's own traceback in its message.
+    """
+    if len(replicas) != len(inputs):
+        raise ValueError(f"{len(replicas)} replicas but {len(inputs)} inputs: they must match")
+    if kwargs_tup is None:
+        kwargs_tup = ({},) * len(replicas)
+    if len(kwargs_tup) != len(replicas):
+        raise ValueError(f"{len(replicas)} replicas but {len(kwargs_tup)} kwargs dicts")
+    names = [str(d) for d in parse_devices(devices)] if devices is not None else None
+    if names is not None and len(names) != len(replicas):
+        raise ValueError(f"{len(replicas)} replicas but {len(names)} devices")
+    if names is not None and not names[0].startswith("sim"):
+        return torch.nn.parallel.parallel_apply(
+            list(replicas), list(inputs), list(kwargs_tup), [int(n.split(":")[1]) for n in names])
+    names = names or [f"replica {i}" for i in range(len(replicas))]
+
+    grad_enabled = torch.is_grad_enabled()
+    autocast = torch.is_autocast_enabled("cpu")
+    autocast_dtype = torch.get_autocast_dtype("cpu")
+    results: list[Any] = [None] * len(replicas)
+    errors: list[tuple[BaseException, str] | None] = [None] * len(replicas)
+
+    def worker(i: int) -> None:
+        try:
+            with torch.set_grad_enabled(grad_enabled), torch.autocast(
+                "cpu", dtype=autocast_dtype, enabled=autocast
+            ):
+                args = inputs[i] if isinstance(inputs[i], (list, tuple)) else (inputs[i],)
+                results[i] = replicas[i](*args, **kwargs_tup[i])
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller below
+            errors[i] = (exc, traceback.format_exc())
+
+    if len(replicas) == 1:
+        worker(0)
+    else:
+        threads = [threading.Thread(target=worker, args=(i,), name=f"replica-{i}-{names[i]}")
+                   for i in range(len(replicas))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for i, err in enumerate(errors):
+        if err is not None:
+            exc, tb = err
+            message = (f"Caught {type(exc).__name__} in replica {i} on device {names[i]}.\n"
+                       f"Original traceback:\n{tb}")
+            try:
+                new = type(exc)(message)
+            except Exception:  # noqa: BLE001 - an exception type that takes other arguments
+                new = RuntimeError(message)
+            raise new from None
+    return results
+
+
+# --------------------------------------------------------------------------- gather
+
+
+def gather(outputs: Sequence[Any], output_device: Any, dim: int = 0) -> Any:
+    """Concatenate the replicas' outputs along ``dim`` on ``output_device``.
+
+    Walks tuples, lists, dicts and namedtuples; ``None`` stays ``None``. When every output is a
+    0-dim tensor and ``dim == 0`` the scalars become a vector, with the same warning PyTorch
+    gives: the "loss" you get back is one value per replica, not one number.
+    """
+    if not isinstance(outputs, Sequence) or len(outputs) == 0:
+        raise ValueError("outputs must be a non-empty list, one entry per replica")
+    dim = check_int("dim", dim)
+    on_cpu = all(t.device.type == "cpu" for t in _tensors(list(outputs)))
+    to_cpu = output_device in (-1, "cpu") or (
+        isinstance(output_device, torch.device) and output_device.type == "cpu")
+    if not on_cpu:
+        target = "cpu" if to_cpu else _parse_one(output_device).index
+        return torch.nn.parallel.gather(outputs, target, dim)
+    if output_device is not None and not to_cpu:
+        _parse_one(output_device)  # validates 'sim:N' and friends
+
+    def gather_map(outs: Sequence[Any]) -> Any:
+        out = outs[0]
+        if isinstance(out, torch.Tensor):
+            if all(t.dim() == 0 for t in outs) and dim == 0:
+                warnings.warn(
+                    "Was asked to gather along dimension 0, but all input tensors were "
+                    "scalars; will instead unsqueeze and return a vector.",
+                    stacklevel=3,
+                )
+                outs = [t.view(1) for t in outs]
+            return torch.cat(list(outs), dim)
+        if out is None:
+            return None
+        if isinstance(out, dict):
+            if not all(len(out) == len(d) for d in outs):
+                raise ValueError("All dicts must have the same number of keys")
+            return type(out)((k, gather_map([d[k] for d in outs])) for k in out)
+        if _is_namedtuple(out):
+            return type(out)._make(map(gather_map, zip(*outs, strict=True)))
+        if isinstance(out, (list, tuple)):
+            return type(out)(map(gather_map, zip(*outs, strict=True)))
+        raise TypeError(f"cannot gather outputs of type {type(out).__name__}")
+
+    return gather_map(outputs)
+
+
+# --------------------------------------------------------------------------- the whole step
+
+
+def data_parallel(
+    module: nn.Module,
+    inputs: Any,
+    device_ids: Sequence[Any],
+    output_device: Any = None,
+    dim: int = 0,
+    module_kwargs: dict | None = None,
+    *,
+    strict: bool = True,
+) -> Any:
+    """One data-parallel forward: scatter, replicate, parallel_apply, gather.
+
+    The function the seeds write from ``torch.nn.parallel``'s primitives, runnable on simulated
+    devices too. Unlike PyTorch's, an empty ``device_ids`` is an error rather than "run on one
+    device", and (with ``strict=True``) so is a batch with fewer rows than devices.
+    """
+    devices = parse_devices(device_ids)
+    output = _parse_output_device(output_device, devices)
+    if not isinstance(inputs, tuple):
+        inputs = (inputs,)
+    scattered, kwargs = scatter_kwargs(inputs, module_kwargs, devices, dim, strict=strict)
+    if not scattered:
+        scattered, kwargs = ((),), ({},)
+    used = devices[: len(scattered)]
+    replicas = replicate(module, used, detach=not torch.is_grad_enabled())
+    outputs = parallel_apply(replicas, scattered, kwargs, used)
+    return gather(outputs, output, dim)
+
+
+class DataParallelByHand(nn.Module):
+    """``nn.DataParallel`` rebuilt from the four primitives, on real or simulated devices.
+
+    Same constructor, same ``module.`` prefix in its ``state_dict``, same forward. Like
+    ``nn.DataParallel`` it tolerates a batch smaller than the device count (``strict=False``).
+    """
+
+    def __init__(self, module: nn.Module, device_ids: Sequence[Any], output_device: Any = None,
+                 dim: int = 0) -> None:
+        super().__init__()
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+        self.module = module
+        self.device_ids = parse_devices(device_ids)
+        self.output_device = _parse_output_device(output_device, self.device_ids)
+        self.dim = check_int("dim", dim)
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        if len(self.device_ids) == 1:
+            scattered, kw = scatter_kwargs(inputs, kwargs, self.device_ids, self.dim, strict=False)
+            return self.module(*scattered[0], **kw[0])
+        return data_parallel(self.module, inputs, self.device_ids, self.output_device, self.dim,
+                             kwargs or None, strict=False)
+
+    def extra_repr(self) -> str:
+        return f"device_ids={[str(d) for d in self.device_ids]}, output_device={self.output_device}"
+
+
+# --------------------------------------------------------------------------- evidence
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """How far data-parallel training drifted from single-device training (``compare_training``)."""
+
+    steps: int
+    devices: int
+    max_output_diff: float
+    max_grad_diff: float
+    max_param_diff: float
+
+    def __str__(self) -> str:
+        return (f"{self.steps} steps on {self.devices} devices: max |Δ| output "
+                f"{self.max_output_diff:.1e}, gradient {self.max_grad_diff:.1e}, "
+                f"parameters {self.max_param_diff:.1e}")
+
+
+def _max_diff(a: Any, b: Any) -> float:
+    ta, tb = list(_tensors(a)), list(_tensors(b))
+    if len(ta) != len(tb) or any(x.shape != y.shape for x, y in zip(ta, tb, strict=True)):
+        return float("inf")
+    return max((x.detach() - y.detach()).abs().max().item() for x, y in zip(ta, tb, strict=True))
+
+
+def compare_training(
+    model: nn.Module,
+    batches: Sequence[tuple[Any, Any]],
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    device_ids: Sequence[Any],
+    *,
+    dim: int = 0,
+    lr: float = 0.1,
+    check: bool = True,
+) -> Equivalence:
+    """Train a copy of ``model`` on one device and another copy data-parallel, side by side.
+
+    For each ``(inputs, target)`` batch both copies run forward, ``loss_fn(output, target)``,
+    backward and an SGD step with ``lr``. With ``check=True`` the outputs and every gradient are
+    compared with ``torch.testing.assert_close`` at each step (an ``AssertionError`` names the
+    step), and the parameters after the last step too. ``model`` itself is left untouched.
+    """
+    import copy
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if len(batches) == 0:
+        raise ValueError("batches is empty: give at least one (inputs, target) pair")
+    devices = parse_devices(device_ids)
+    single, parallel = copy.deepcopy(model), copy.deepcopy(model)
+    worst = {"output": 0.0, "grad": 0.0, "param": 0.0}
+    for step, (inputs, target) in enumerate(batches):
+        out_s = single(inputs)
+        out_p = data_parallel(parallel, inputs, devices, dim=dim)
+        loss_fn(out_s, target).backward()
+        loss_fn(out_p, target).backward()
+        grads_s = [p.grad for p in single.parameters()]
+        grads_p = [p.grad for p in parallel.parameters()]
+        worst["output"] = max(worst["output"], _max_diff(out_s, out_p))
+        worst["grad"] = max(worst["grad"], _max_diff(grads_s, grads_p))
+        if check:
+            torch.testing.assert_close(out_p, out_s, msg=lambda m, s=step: f"step {s} outputs: {m}")
+            torch.testing.assert_close(grads_p, grads_s, msg=lambda m, s=step: f"step {s} grads: {m}")
+        with torch.no_grad():
+            for p in list(single.parameters()) + list(parallel.parameters()):
+                p -= lr * p.grad
+                p.grad = None
+    worst["param"] = _max_diff(list(single.parameters()), list(parallel.parameters()))
+    if check:
+        torch.testing.assert_close(list(parallel.parameters()), list(single.parameters()))
+    return Equivalence(len(batches), len(devices), worst["output"], worst["grad"], worst["param"])
+
+
+def time_steps(model: nn.Module, inputs: torch.Tensor, device_ids: Sequence[Any], *,
+               repeats: int = 5) -> dict[str, float]:
+    """Median seconds of each step of one data-parallel forward, and of the plain forward.
+
+    Keys: ``scatter``, ``replicate``, ``parallel_apply``, ``gather`` and ``single`` (the
+    unsplit forward on one device). Gradients are on, as in training.
+    """
+    import statistics
+    import time
+
+    devices = parse_devices(device_ids)
+    repeats = check_positive_int("repeats", repeats)
+    sync = torch.cuda.synchronize if devices[0].type == "cuda" else (lambda: None)
+    keys = ("scatter", "replicate", "parallel_apply", "gather", "single")
+    samples: dict[str, list[float]] = {k: [] for k in keys}
+
+    def tick() -> float:
+        sync()
+        return time.perf_counter()
+
+    for _ in range(repeats + 1):  # the first round warms up and is dropped
+        t0 = tick()
+        chunks = scatter(inputs, devices, strict=False)
+        t1 = tick()
+        replicas = replicate(model, devices[: len(chunks)])
+        t2 = tick()
+        outs = parallel_apply(replicas, chunks, None, devices[: len(chunks)])
+        t3 = tick()
+        gather(outs, devices[0])
+        t4 = tick()
+        model(inputs)
+        t5 = tick()
+        for key, seconds in zip(keys, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
+            samples[key].append(seconds)
+    return {k: statistics.median(v[1:]) for k, v in samples.items()}
