@@ -1,0 +1,363 @@
+"""Run N ranks of a function from a notebook, a script or a test (notebook 05).
+
+``launch(fn, world_size, *args)`` starts ``world_size`` fresh Python processes, sets up a process
+group in each (gloo on the CPU, NCCL when every rank can have its own GPU), runs
+``fn(rank, world_size, *args)`` and returns the ranks' return values in rank order.
+
+What it takes care of, because a notebook cannot:
+
+- **Importable workers.** Processes are started as ``python -m course_utils._rank``, never by
+  forking the kernel (fork after torch compute can deadlock) and never by re-importing
+  ``__main__`` (a notebook's functions cannot be found there). ``fn`` must live in a module;
+  ``launch`` says so at once if it does not.
+- **No port races.** The parent hosts the rendezvous ``TCPStore`` on a port the OS assigns, and
+  closes it when the launch ends.
+- **Failures reach you.** If a rank raises, ``launch`` stops the other ranks and raises
+  :class:`RankError` with that rank's traceback and output. If the ranks do not finish within
+  ``timeout_s`` (a rank stuck in a collective, say), it stops them all and raises
+  :class:`LaunchTimeout`. Every rank runs in its own process session, which is killed as a
+  whole, so nothing is left behind.
+- **Deterministic output.** Each rank's stdout and stderr (C++ messages included) go to a file;
+  the lines are printed afterwards, rank by rank, so nbval can compare them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._checks import check_positive_int
+
+__all__ = [
+    "LaunchTimeout",
+    "RankError",
+    "TorchrunResult",
+    "choose_backend",
+    "free_port",
+    "launch",
+    "rank_print",
+    "torchrun",
+]
+
+#: c10d log lines start like "[W1122 14:02:53.123456789 ProcessGroupGloo.cpp:...]": they carry
+#: timestamps and PIDs, so successful runs leave them out of the echoed output.
+_C10D_LOG_PREFIXES = ("[W", "[I", "[E")
+
+
+class RankError(RuntimeError):
+    """A rank raised. ``rank``, ``exc_type``, ``rank_traceback`` and ``output`` say what happened."""
+
+    def __init__(self, rank: int, exc_type: str, message: str, rank_traceback: str,
+                 output: list[str]) -> None:
+        self.rank = rank
+        self.exc_type = exc_type
+        self.message = message
+        self.rank_traceback = rank_traceback
+        self.output = output
+        tail = "\n".join(output[-20:]) or "(nothing)"
+        super().__init__(
+            f"rank {rank} raised {exc_type}: {message}\n\n"
+            f"--- traceback of rank {rank} ---\n{rank_traceback.rstrip()}\n"
+            f"--- last output of rank {rank} ---\n{tail}"
+        )
+
+
+class LaunchTimeout(TimeoutError):
+    """The ranks did not all finish within the launch's ``timeout_s``; they were stopped."""
+
+
+def choose_backend(world_size: int) -> str:
+    """NCCL when every rank can have a GPU of its own (and NCCL exists), else gloo."""
+    import torch
+    import torch.distributed as dist
+
+    world_size = check_positive_int("world_size", world_size)
+    if (torch.cuda.is_available() and torch.cuda.device_count() >= world_size
+            and dist.is_nccl_available()):
+        return "nccl"
+    return "gloo"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for ``tcp://`` and ``env://`` demos)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_print(*values: Any, rank: int | None = None, only_rank: int | None = None) -> None:
+    """``print`` that prefixes the rank, or prints on ``only_rank`` alone (rank-0-only logging)."""
+    import torch.distributed as dist
+
+    if rank is None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+    if only_rank is not None and rank != only_rank:
+        return
+    print(*values, flush=True)
+
+
+def _check_importable(fn: Callable) -> None:
+    if not callable(fn):
+        raise TypeError(f"fn must be a function, got {type(fn).__name__}")
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", "")
+    hint = ("Each rank is a fresh Python process that imports fn by name, so fn must be defined "
+            "at the top level of an importable module (course_utils holds the course's), not in "
+            "a notebook cell or inside another function.")
+    if module in (None, "__main__") or "<" in qualname:
+        where = module or "no module"
+        if "<" in qualname:
+            where += " (as a local function or lambda)"
+        raise TypeError(f"cannot send {getattr(fn, '__name__', fn)!r} to other processes: it is "
+                        f"defined in {where}. " + hint)
+    try:
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        found = None
+    if found is not fn:
+        raise TypeError(f"cannot find {module}.{qualname} by importing it. " + hint)
+
+
+@dataclass
+class _Rank:
+    rank: int
+    process: subprocess.Popen
+    log: Path
+    result: Path
+
+    def output(self, *, keep_logs: bool = False) -> list[str]:
+        try:
+            text = self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return []
+        lines = text.splitlines()
+        if keep_logs:
+            return lines
+        return [line for line in lines if not line.startswith(_C10D_LOG_PREFIXES)]
+
+    def read_result(self) -> tuple | None:
+        try:
+            with open(self.result, "rb") as f:
+                return pickle.load(f)
+        except FileNotFoundError:
+            return None
+
+
+def _stop(ranks: list[_Rank], grace_s: float = 3.0) -> None:
+    """Terminate every rank's whole process session, then kill what is left."""
+    alive = [r for r in ranks if r.process.poll() is None]
+    for r in alive:
+        _signal_session(r.process, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for r in alive:
+        try:
+            r.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for r in ranks:
+        # SIGKILL the session even if the leader exited: a grandchild (a DataLoader worker, say)
+        # may still hold it.
+        _signal_session(r.process, signal.SIGKILL)
+        try:
+            r.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
+            pass
+
+
+def _signal_session(process: subprocess.Popen, sig: int) -> None:
+    try:
+        if hasattr(os, "killpg"):
+            os.killpg(process.pid, sig)
+        elif process.poll() is None:  # pragma: no cover - Windows
+            process.kill()
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def launch(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout_s: float = 120.0,
+    backend: str | None = None,
+    init: str = "store",
+    threads_per_rank: int = 1,
+    echo: bool = True,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return their results in order.
+
+    ``backend``: ``"gloo"`` or ``"nccl"``; by default NCCL when every rank can have its own GPU,
+    else gloo. ``init`` is how the ranks meet: ``"store"`` (a TCPStore held by this process; the
+    robust default), ``"env"`` (``env://`` with ``MASTER_ADDR``/``MASTER_PORT``, as torchrun does)
+    or ``"tcp"`` (``tcp://127.0.0.1:PORT``, as in the seeds). Each rank uses
+    ``threads_per_rank`` CPU threads. With ``echo`` the ranks' printed lines are printed here,
+    rank by rank, each prefixed with ``[rank r]``.
+    """
+    _check_importable(fn)
+    world_size = check_positive_int("world_size", world_size)
+    threads_per_rank = check_positive_int("threads_per_rank", threads_per_rank)
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+        raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+    if init not in ("store", "env", "tcp"):
+        raise ValueError(f"init must be 'store', 'env' or 'tcp', got {init!r}")
+    backend = choose_backend(world_size) if backend is None else backend
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+
+    import torch.distributed as dist
+
+    workdir = Path(tempfile.mkdtemp(prefix="course-launch-"))
+    store = None
+    ranks: list[_Rank] = []
+    try:
+        if init == "store":
+            store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=30),
+                                  wait_for_workers=False)
+            port = store.port
+        else:
+            port = free_port()
+        payload = {"fn": fn, "args": args, "world_size": world_size, "backend": backend,
+                   "init": init, "port": port, "timeout_s": float(timeout_s) + 30.0,
+                   "threads": threads_per_rank}
+        try:
+            (workdir / "payload.pkl").write_bytes(pickle.dumps(payload))
+        except Exception as err:
+            raise TypeError(f"the arguments for fn cannot be sent to other processes "
+                            f"(they must be picklable): {err}") from None
+        env_base = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads_per_rank),
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                    "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size)}
+        for rank in range(world_size):
+            log, result = workdir / f"rank{rank}.log", workdir / f"rank{rank}.result"
+            env = {**env_base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            with open(log, "wb") as out:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "course_utils._rank", str(workdir), str(rank)],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                    start_new_session=True,
+                )
+            ranks.append(_Rank(rank, process, log, result))
+        return _wait(ranks, float(timeout_s), echo)
+    finally:
+        _stop(ranks)
+        del store
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _wait(ranks: list[_Rank], timeout_s: float, echo: bool) -> list[Any]:
+    deadline = time.monotonic() + timeout_s
+    results: dict[int, tuple] = {}
+    exited_at: dict[int, float] = {}
+    trouble_since: float | None = None
+    while True:
+        for r in ranks:
+            if r.rank not in exited_at and r.process.poll() is not None:
+                exited_at[r.rank] = time.time()
+            if r.rank not in results:
+                found = r.read_result()  # read after the exit check: a result precedes the exit
+                if found is not None:
+                    results[r.rank] = found
+        # A rank that exited without writing a result died (killed, crashed, os._exit); a rank
+        # that raised wrote an error. Either makes its peers fail soon after ("Connection reset
+        # by peer"), so wait a moment for the evidence, then blame the first cause.
+        died = [r for r in ranks if r.rank in exited_at and r.rank not in results]
+        errors = [(res[4], rank) for rank, res in results.items() if res[0] == "error"]
+        if died or errors:
+            now = time.monotonic()
+            trouble_since = trouble_since or now
+            if now - trouble_since < 0.5 and len(exited_at) < len(ranks):
+                time.sleep(0.02)
+                continue
+            _stop(ranks)
+            if died:
+                first = min(died, key=lambda r: exited_at[r.rank])
+                code = first.process.returncode
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                raise RankError(first.rank, "ProcessDied", f"the process {how} before returning",
+                                "(no Python traceback: the process itself ended)",
+                                first.output(keep_logs=True))
+            _, rank = min(errors)  # the earliest failure is the cause; later ones are its echoes
+            _, exc_type, message, tb, _ = results[rank]
+            raise RankError(rank, exc_type, message, tb, ranks[rank].output(keep_logs=True))
+        if len(results) == len(ranks):
+            if len(exited_at) == len(ranks):
+                break
+            # every rank has returned; give the processes a moment to exit, then stop them
+            trouble_since = trouble_since or time.monotonic()
+            if time.monotonic() - trouble_since > 10.0:
+                break
+        if time.monotonic() > deadline:
+            done = sorted(results)
+            waiting = [r.rank for r in ranks if r.rank not in results]
+            outputs = "\n".join(f"--- last output of rank {r.rank} ---\n"
+                                + ("\n".join(r.output(keep_logs=True)[-10:]) or "(nothing)")
+                                for r in ranks if r.rank in waiting)
+            _stop(ranks)
+            raise LaunchTimeout(
+                f"the ranks did not finish within {timeout_s:g} s: rank(s) {waiting} were still "
+                f"running (finished: {done or 'none'}). All ranks were stopped. A rank that waits "
+                f"in a collective its peers never call blocks forever; check that every rank "
+                f"makes the same collective calls in the same order.\n{outputs}"
+            )
+        time.sleep(0.02)
+    if echo:
+        for r in ranks:
+            for line in r.output():
+                print(f"[rank {r.rank}] {line}")
+    return [results[r.rank][1] for r in ranks]
+
+
+@dataclass
+class TorchrunResult:
+    """What a torchrun job left: its exit code and its output (c10d log lines kept apart)."""
+
+    command: list[str]
+    returncode: int
+    lines: list[str]
+    log_lines: list[str]
+
+
+def torchrun(module: str, nproc_per_node: int, *script_args: str, timeout_s: float = 180.0,
+             launcher_args: tuple[str, ...] = ("--standalone",)) -> TorchrunResult:
+    """Run ``python -m torch.distributed.run LAUNCHER_ARGS --nproc-per-node=N -m MODULE ARGS``.
+
+    ``sys.executable -m torch.distributed.run`` is torchrun itself, without relying on the
+    ``torchrun`` script being on the kernel's PATH. The job runs in its own process session; if
+    it outlives ``timeout_s`` the whole session is killed and :class:`LaunchTimeout` is raised.
+    """
+    if not isinstance(module, str) or not module:
+        raise TypeError(f"module must be a module name such as 'course_utils.ddp_train', got {module!r}")
+    nproc_per_node = check_positive_int("nproc_per_node", nproc_per_node)
+    command = [sys.executable, "-m", "torch.distributed.run", *launcher_args,
+               f"--nproc-per-node={nproc_per_node}", "-m", module, *map(str, script_args)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, env=env, start_new_session=True, text=True)
+    try:
+        out, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _signal_session(process, signal.SIGKILL)
+        out, _ = process.communicate()
+        raise LaunchTimeout(f"torchrun did not finish within {timeout_s:g} s and was killed.\n"
+                            + "\n".join(out.splitlines()[-20:])) from None
+    finally:
+        _signal_session(process, signal.SIGKILL)  # any worker torchrun left behind
+    lines = out.splitlines()
+    logs = [ln for ln in lines if ln.startswith(_C10D_LOG_PREFIXES) or " torch.distributed" in ln]
+    return TorchrunResult(command, process.returncode,
+                          [ln for ln in lines if ln not in logs], logs)
