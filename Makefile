@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit nbval execute lab lint bench clean
+.PHONY: help install test unit nbval stress execute lab lint bench clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -31,6 +31,9 @@ unit: $(STAMP) ## Unit tests only (fast)
 
 nbval: $(STAMP) ## Notebooks only, under nbval
 	$(BIN)/python -m pytest notebooks
+
+stress: $(STAMP) ## 50 launches in a row of a 2-rank DDP training (about 2 minutes)
+	$(BIN)/python -m pytest -m stress tests/test_launch_stress.py
 
 execute: $(STAMP) ## Re-run every notebook in place (clean CPU run) to refresh stored outputs
 	$(BIN)/python -m course_utils.nbtools execute $(NOTEBOOKS)

@@ -1,0 +1,231 @@
+"""The launcher's contract, the ring all-reduce, and DDP training three ways (real gloo processes)."""
+
+import functools
+import os
+import socket
+import time
+
+import psutil
+import pytest
+import torch
+
+from course_utils import ddp_demos
+from course_utils.collectives import check_ring_all_reduce, chunk_bounds, ring_bytes_per_rank
+from course_utils.ddp_train import TrainConfig, train_ddp, train_reference
+from course_utils.distributed import (
+    LaunchTimeout,
+    RankError,
+    choose_backend,
+    free_port,
+    launch,
+    torchrun,
+)
+
+
+def descendants():
+    return [p for p in psutil.Process().children(recursive=True) if p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    before = {p.pid for p in descendants()}
+    yield
+    leftover = [p for p in descendants() if p.pid not in before]
+    assert leftover == [], f"processes left behind: {leftover}"
+
+
+def test_returns_values_in_rank_order_and_echoes_rank_by_rank(capsys):
+    results = launch(ddp_demos.hello, 3)
+    assert [r["rank"] for r in results] == [0, 1, 2]
+    assert {r["world_size"] for r in results} == {3}
+    assert results[0]["backend"] == choose_backend(3)
+    assert capsys.readouterr().out.splitlines() == [
+        f"[rank {r}] hello from rank {r} of 3" for r in range(3)]
+
+
+def test_all_reduce_reaches_every_rank():
+    assert launch(ddp_demos.all_reduce_sum, 4, echo=False) == [[10.0]] * 4
+
+
+def test_a_raising_rank_raises_here_with_its_traceback():
+    start = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(ddp_demos.raise_on_rank, 3, 2, "rank two is unhappy")
+    assert time.monotonic() - start < 30
+    err = info.value
+    assert (err.rank, err.exc_type, err.message) == (2, "ValueError", "rank two is unhappy")
+    assert "raise ValueError(message)" in err.rank_traceback
+    assert str(err).startswith("rank 2 raised ValueError: rank two is unhappy")
+
+
+def test_a_rank_that_dies_without_an_exception_is_reported():
+    with pytest.raises(RankError, match=r"rank 1 raised ProcessDied: the process exited with code 7"):
+        launch(ddp_demos.exit_abruptly, 2, 1, 7)
+
+
+def test_a_hanging_rank_is_stopped_at_the_timeout():
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout, match=r"did not finish within 4 s: rank\(s\) \[0, 1\]"):
+        launch(ddp_demos.block_in_collective, 2, 1, timeout_s=4)
+    assert time.monotonic() - start < 4 + 15
+
+
+def test_repeated_launches_leave_no_port_or_process_group_behind():
+    import torch.distributed as dist
+
+    for _ in range(4):
+        assert launch(ddp_demos.all_reduce_sum, 2, echo=False) == [[3.0], [3.0]]
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("init", ["env", "tcp"])
+def test_env_and_tcp_rendezvous(init):
+    assert [r["rank"] for r in launch(ddp_demos.hello, 2, init=init, echo=False)] == [0, 1]
+
+
+def local_function(rank, world_size):
+    return rank
+
+
+@pytest.mark.parametrize("fn, message", [
+    (lambda rank, world_size: rank, "local function or lambda"),
+    (functools.partial(ddp_demos.hello), "cannot find"),
+    ("hello", "fn must be a function"),
+])
+def test_functions_that_cannot_reach_other_processes(fn, message):
+    with pytest.raises(TypeError, match=message):
+        launch(fn, 2)
+
+
+def test_function_defined_in_main_is_refused(monkeypatch):
+    monkeypatch.setattr(local_function, "__module__", "__main__")
+    with pytest.raises(TypeError, match="defined in __main__.*importable module"):
+        launch(local_function, 2)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"world_size": 0}, ValueError, "world_size"),
+    ({"world_size": 2.0}, TypeError, "world_size"),
+    ({"timeout_s": 0}, ValueError, "timeout_s"),
+    ({"init": "file"}, ValueError, "init must be"),
+    ({"backend": "mpi"}, ValueError, "backend must be"),
+    ({"threads_per_rank": 0}, ValueError, "threads_per_rank"),
+])
+def test_bad_launch_arguments(kwargs, error, message):
+    args = {"world_size": 2, **kwargs}
+    world_size = args.pop("world_size")
+    with pytest.raises(error, match=message):
+        launch(ddp_demos.hello, world_size, **args)
+
+
+def test_unpicklable_arguments_and_results():
+    with pytest.raises(TypeError, match="must be picklable"):
+        launch(ddp_demos.raise_on_rank, 2, 0, lambda: None)
+    with pytest.raises(RankError, match="cannot be sent back"):
+        launch(ddp_demos.unpicklable_result, 2)
+
+
+def test_free_port_is_bindable():
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+# ------------------------------------------------------------------------------ ring all-reduce
+
+
+def test_chunk_bounds():
+    assert chunk_bounds(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert chunk_bounds(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
+    assert chunk_bounds(0, 2) == [(0, 0), (0, 0)]
+    with pytest.raises(ValueError):
+        chunk_bounds(-1, 2)
+    with pytest.raises(ValueError):
+        chunk_bounds(4, 0)
+
+
+def test_ring_bytes_formula():
+    assert ring_bytes_per_rank(1000, 1) == 0
+    assert ring_bytes_per_rank(1000, 2) == 1000
+    assert ring_bytes_per_rank(1000, 4) == 1500
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_ring_all_reduce_matches_dist_all_reduce(world_size):
+    sizes = [1, 2, 3, 5, 7, 64, 1000, 1001, 4099]
+    per_rank = launch(check_ring_all_reduce, world_size, sizes, echo=False)
+    for records in per_rank:
+        for record in records:
+            assert record["max_diff"] < 1e-5, record
+    # bytes: each rank sends every chunk but one, twice; for sizes divisible by N that is the formula
+    for record in per_rank[0]:
+        if record["size"] % world_size == 0:
+            assert record["bytes_sent"] == record["formula"]
+
+
+# ------------------------------------------------------------------------------ DDP training
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ddp_equals_one_process_with_the_global_batch(world_size):
+    config = TrainConfig()
+    results = launch(train_ddp, world_size, config, echo=False)
+    reference = train_reference(config, world_size)
+    for name, value in reference["params"].items():
+        torch.testing.assert_close(results[0]["params"][name], value)
+        for other in results[1:]:
+            assert torch.equal(other["params"][name], results[0]["params"][name])
+    shards = [set(r["seen"][0]) for r in results]
+    assert set().union(*shards) == set(range(config.data_size))
+
+
+def test_torchrun_path_equals_launch_path(tmp_path):
+    config = TrainConfig(epochs=1)
+    out = tmp_path / "params.pt"
+    job = torchrun("course_utils.ddp_train", 2, "--out", str(out), "--epochs", "1")
+    assert job.returncode == 0, "\n".join(job.lines + job.log_lines)
+    assert any("parameters saved" in line for line in job.lines)
+    saved = torch.load(out)
+    launched = launch(train_ddp, 2, config, echo=False)[0]["params"]
+    for name, value in launched.items():
+        torch.testing.assert_close(saved[name], value)
+
+
+def test_train_config_checks():
+    with pytest.raises(ValueError, match="does not divide into 5 ranks"):
+        TrainConfig(global_batch_size=24).per_rank_batch_size(5)
+    with pytest.raises(ValueError, match="lr"):
+        TrainConfig(lr=0)
+    with pytest.raises(TypeError, match="epochs"):
+        TrainConfig(epochs=1.5)
+    with pytest.raises(RuntimeError, match="needs a process group"):
+        train_ddp(0, 1)
+
+
+def test_find_unused_parameters_error_then_fix():
+    with pytest.raises(RankError, match="Expected to have finished reduction in the prior iteration"):
+        launch(ddp_demos.unused_parameters, 2, False, echo=False)
+    losses = launch(ddp_demos.unused_parameters, 2, True, echo=False)
+    assert len(losses[0]) == 3
+
+
+def test_batchnorm_differs_and_sync_batchnorm_by_hand_matches():
+    reference = ddp_demos.batchnorm_reference(2)
+    plain = launch(ddp_demos.batchnorm_under_ddp, 2, False, echo=False)
+    synced = launch(ddp_demos.batchnorm_under_ddp, 2, True, echo=False)
+    plain_out = torch.cat([r["output"] for r in plain])
+    synced_out = torch.cat([r["output"] for r in synced])
+    assert (plain_out - reference["output"]).abs().max() > 1e-2
+    torch.testing.assert_close(synced_out, reference["output"])
+    torch.testing.assert_close(synced[0]["grad"], reference["grad"])
+    torch.testing.assert_close(synced[1]["running_mean"], reference["running_mean"])
+
+
+def test_rank_zero_saves_and_everyone_reads(tmp_path):
+    path = str(tmp_path / "ckpt.pt")
+    results = launch(ddp_demos.save_on_rank_0, 2, path, echo=False)
+    assert all(r["matches_my_copy"] for r in results)
+    assert results[0]["wrapped_keys"] == ["module.weight", "module.bias"]
+    assert results[0]["saved_keys"] == ["weight", "bias"]
+    assert os.path.exists(path)
