@@ -25,9 +25,11 @@ from __future__ import annotations
 import threading
 import traceback
 import warnings
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -42,9 +44,11 @@ __all__ = [
     "SimDevice",
     "course_devices",
     "data_parallel",
+    "MemoryRecord",
     "gather",
     "parallel_apply",
     "parse_devices",
+    "record_memory",
     "replicate",
     "scatter",
     "scatter_kwargs",
@@ -69,6 +73,46 @@ class SimDevice:
 
 
 Device = SimDevice | torch.device
+
+
+@dataclass
+class MemoryRecord:
+    """Bytes each device holds, by category, as the primitives create them (``record_memory``).
+
+    ``inputs``: what ``scatter`` leaves on each device (the first device holds the whole source
+    tensor, of which its chunk is a view; the others hold their copies). ``parameters``: the
+    replicas' parameter tensors (the first replica shares the original's storage).
+    ``outputs``: what ``gather`` creates on the output device.
+    """
+
+    held: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
+
+    def add(self, device: Any, category: str, nbytes: int) -> None:
+        row = self.held[str(device)]
+        row[category] = row.get(category, 0) + int(nbytes)
+
+    def bytes(self, device: Any, category: str) -> int:
+        return self.held.get(str(device), {}).get(category, 0)
+
+
+_RECORD: ContextVar[MemoryRecord | None] = ContextVar("course_utils_memory_record", default=None)
+
+
+@contextmanager
+def record_memory() -> Iterator[MemoryRecord]:
+    """Record what scatter, replicate and gather put on each device inside the ``with`` block."""
+    record = MemoryRecord()
+    token = _RECORD.set(record)
+    try:
+        yield record
+    finally:
+        _RECORD.reset(token)
+
+
+def _note(device: Any, category: str, tensors: Any) -> None:
+    record = _RECORD.get()
+    if record is not None:
+        record.add(device, category, sum(t.nbytes for t in _tensors(tensors)))
 
 
 def sim_devices(n: int) -> list[SimDevice]:
@@ -166,15 +210,20 @@ def scatter(inputs: Any, device_ids: Sequence[Any], dim: int = 0, *, strict: boo
     """
     devices = parse_devices(device_ids)
     dim = check_int("dim", dim)
-    if not _is_sim(devices):
-        _check_sizes(inputs, len(devices), dim, strict)
-        return torch.nn.parallel.scatter(inputs, [d.index for d in devices], dim)
     _check_sizes(inputs, len(devices), dim, strict)
+    if not _is_sim(devices):
+        result = torch.nn.parallel.scatter(inputs, [d.index for d in devices], dim)
+        for device, part in zip(devices, result, strict=False):
+            _note(device, "inputs", part)
+        return result
 
     def scatter_map(obj: Any) -> list:
         if isinstance(obj, torch.Tensor):
             chunks = obj.chunk(len(devices), dim)
             # the first device holds the input already: a view; the others get copies
+            _note(devices[0], "inputs", obj)
+            for device, chunk in zip(devices[1:], chunks[1:], strict=False):
+                _note(device, "inputs", chunk)
             return [c if i == 0 else c.clone() for i, c in enumerate(chunks)]
         if _is_namedtuple(obj):
             return [type(obj)(*args) for args in zip(*map(scatter_map, obj), strict=False)]
@@ -243,7 +292,9 @@ def replicate(module: nn.Module, device_ids: Sequence[Any], detach: bool = False
         raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
     devices = parse_devices(device_ids)
     if not _is_sim(devices):
-        return torch.nn.parallel.replicate(module, [d.index for d in devices], detach)
+        replicas = torch.nn.parallel.replicate(module, [d.index for d in devices], detach)
+        _note_replica_parameters(devices, replicas)
+        return replicas
     for t in list(module.parameters()) + list(module.buffers()):
         if t.device.type != "cpu":
             raise ValueError(f"simulated devices need the module on the CPU, found a tensor on "
@@ -261,7 +312,18 @@ def replicate(module: nn.Module, device_ids: Sequence[Any], detach: bool = False
             return source.view_as(source) if keep_grad else source
         return source.clone()
 
-    return _replicate_structure(module, len(devices), copy_param, copy_buffer)
+    replicas = _replicate_structure(module, len(devices), copy_param, copy_buffer)
+    _note_replica_parameters(devices, replicas)
+    return replicas
+
+
+def _note_replica_parameters(devices: list[Device], replicas: list[nn.Module]) -> None:
+    if _RECORD.get() is None:
+        return
+    for device, replica in zip(devices, replicas, strict=True):
+        unique = {id(t): t for m in replica.modules() for t in m._former_parameters.values()
+                  if t is not None}
+        _note(device, "parameters", list(unique.values()))
 
 
 def _replicate_structure(
@@ -397,9 +459,11 @@ def gather(outputs: Sequence[Any], output_device: Any, dim: int = 0) -> Any:
         isinstance(output_device, torch.device) and output_device.type == "cpu")
     if not on_cpu:
         target = "cpu" if to_cpu else _parse_one(output_device).index
-        return torch.nn.parallel.gather(outputs, target, dim)
+        result = torch.nn.parallel.gather(outputs, target, dim)
+        _note("cpu" if to_cpu else _parse_one(output_device), "outputs", result)
+        return result
     if output_device is not None and not to_cpu:
-        _parse_one(output_device)  # validates 'sim:N' and friends
+        output_device = _parse_one(output_device)  # validates 'sim:N' and friends
 
     def gather_map(outs: Sequence[Any]) -> Any:
         out = outs[0]
@@ -424,7 +488,9 @@ def gather(outputs: Sequence[Any], output_device: Any, dim: int = 0) -> Any:
             return type(out)(map(gather_map, zip(*outs, strict=True)))
         raise TypeError(f"cannot gather outputs of type {type(out).__name__}")
 
-    return gather_map(outputs)
+    result = gather_map(outputs)
+    _note("cpu" if to_cpu else (output_device or "sim:0"), "outputs", result)
+    return result
 
 
 # --------------------------------------------------------------------------- the whole step
