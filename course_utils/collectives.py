@@ -88,21 +88,22 @@ def ring_all_reduce(tensor: torch.Tensor) -> int:
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     sent = 0
 
+    # one receive buffer, reused: a fresh allocation per step costs page faults on big tensors
+    buffer = torch.empty(max(b - a for a, b in bounds), dtype=flat.dtype, device=flat.device)
     # reduce-scatter: after step s, the chunk received has been summed over s + 2 ranks
     for step in range(world_size - 1):
         s0, s1 = bounds[(rank - step) % world_size]
         r0, r1 = bounds[(rank - step - 1) % world_size]
-        incoming = torch.empty(r1 - r0, dtype=flat.dtype, device=flat.device)
+        incoming = buffer[: r1 - r0]
         _exchange(flat[s0:s1], incoming, right, left)
         flat[r0:r1] += incoming
         sent += (s1 - s0) * flat.element_size()
-    # now rank r holds the complete sum of chunk (r + 1) % N; pass the finished chunks around
+    # now rank r holds the complete sum of chunk (r + 1) % N; pass the finished chunks around,
+    # receiving straight into place
     for step in range(world_size - 1):
         s0, s1 = bounds[(rank + 1 - step) % world_size]
         r0, r1 = bounds[(rank - step) % world_size]
-        incoming = torch.empty(r1 - r0, dtype=flat.dtype, device=flat.device)
-        _exchange(flat[s0:s1], incoming, right, left)
-        flat[r0:r1] = incoming
+        _exchange(flat[s0:s1], flat[r0:r1], right, left)
         sent += (s1 - s0) * flat.element_size()
     if not tensor.is_contiguous():
         tensor.copy_(flat.view_as(tensor))
