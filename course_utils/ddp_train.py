@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from ._checks import check_positive_int
+from .amp import AMP_MODES, autocast, grad_scaler
 from .data import regression_dataset
 
 __all__ = [
@@ -47,8 +48,11 @@ class TrainConfig:
     output_size: int = 2
     lr: float = 0.05
     seed: int = 0
+    amp: str = "off"  # "off", "bf16" or "fp16" (course_utils.amp)
 
     def __post_init__(self) -> None:
+        if self.amp not in AMP_MODES:
+            raise ValueError(f"amp must be one of {sorted(AMP_MODES)}, got {self.amp!r}")
         for name in ("data_size", "global_batch_size", "epochs", "input_size", "hidden_size",
                      "output_size"):
             check_positive_int(name, getattr(self, name))
@@ -110,16 +114,19 @@ def train_ddp(rank: int, world_size: int, config: TrainConfig = TrainConfig()) -
     model = make_model(config).to(device)
     ddp_model = DDP(model, device_ids=[device.index] if on_gpu else None)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=config.lr)
+    scaler = grad_scaler(config.amp, device.type)  # scales only for fp16
     loss_fn = nn.MSELoss()
     losses, seen = [], []
     for epoch in range(config.epochs):
         sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on every rank
         seen.append(list(sampler))
         for inputs, targets in loader:
-            loss = loss_fn(ddp_model(inputs.to(device)), targets.to(device))
+            with autocast(config.amp, device.type):
+                loss = loss_fn(ddp_model(inputs.to(device)), targets.to(device))
             optimizer.zero_grad()
-            loss.backward()  # DDP all-reduces the gradients here, bucket by bucket
-            optimizer.step()
+            scaler.scale(loss).backward()  # DDP all-reduces the gradients here, bucket by bucket
+            scaler.step(optimizer)
+            scaler.update()
             losses.append(loss.item())
     params = _snapshot(model)
     del ddp_model, optimizer, model
@@ -138,6 +145,7 @@ def train_reference(config: TrainConfig, world_size: int) -> dict:
     dataset = make_dataset(config)
     model = make_model(config)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    scaler = grad_scaler(config.amp, "cpu")
     loss_fn = nn.MSELoss()
     losses = []
     for epoch in range(config.epochs):
@@ -150,10 +158,12 @@ def train_reference(config: TrainConfig, world_size: int) -> dict:
         for step in range(steps):
             index = [i for shard in shards for i in shard[step * per_rank:(step + 1) * per_rank]]
             inputs, targets = dataset[index]
-            loss = loss_fn(model(inputs), targets)
+            with autocast(config.amp, "cpu"):
+                loss = loss_fn(model(inputs), targets)
             optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             losses.append(loss.item())
     return {"params": _snapshot(model), "losses": losses}
 
@@ -169,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="where rank 0 saves the final parameters")
     for field, value in asdict(defaults).items():
         parser.add_argument(f"--{field.replace('_', '-')}", type=type(value), default=value)
+    parser.add_argument("--noop", action="store_true",
+                        help="join the process group and leave (launch-overhead benchmark)")
     args = parser.parse_args(argv)
     config = TrainConfig(**{k: getattr(args, k) for k in asdict(defaults)})
 
@@ -178,6 +190,10 @@ def main(argv: list[str] | None = None) -> None:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group(backend, init_method="env://")  # torchrun sets RANK, WORLD_SIZE, ...
+    if args.noop:
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     rank, world_size = dist.get_rank(), dist.get_world_size()
     result = train_ddp(rank, world_size, config)
     if rank == 0:  # rank-0-only saving and printing
