@@ -41,6 +41,9 @@ execute: $(STAMP) ## Re-run every notebook in place (clean CPU run) to refresh s
 lab: $(STAMP) ## Open the course in JupyterLab
 	$(BIN)/python -m jupyter lab notebooks/
 
+bench: $(STAMP) ## Print the performance figures (DDP scaling, ring vs gloo, launch vs torchrun, DP overhead)
+	$(BIN)/python -m course_utils.bench
+
 lint: $(STAMP) ## ruff over the package, the tests and the notebooks
 	$(BIN)/python -m ruff check .
 

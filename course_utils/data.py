@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from ._checks import check_int, check_positive_int
 
-__all__ = ["RandomDataset", "make_loader", "regression_dataset"]
+__all__ = ["RandomDataset", "SlowDataset", "make_loader", "regression_dataset"]
 
 
 class RandomDataset(Dataset):
@@ -62,3 +64,34 @@ def regression_dataset(
     x = torch.randn(n_samples, input_size, generator=g)
     y = x @ weight.T + bias + noise * torch.randn(n_samples, output_size, generator=g)
     return TensorDataset(x, y), weight, bias
+
+
+class SlowDataset(Dataset):
+    """Samples that take real time to produce, like images read from disk and decoded (notebook 07).
+
+    ``work="io"`` waits ``seconds`` per sample (the CPU is free meanwhile, as when reading a
+    file); ``work="cpu"`` spends ``seconds`` of CPU time (as when decoding a JPEG), so workers
+    that share a core take longer.
+    """
+
+    def __init__(self, length: int, seconds: float, *, work: str = "io", size: int = 16) -> None:
+        self.len = check_positive_int("length", length)
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+            raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
+        if work not in ("io", "cpu"):
+            raise ValueError(f"work must be 'io' or 'cpu', got {work!r}")
+        self.seconds, self.work, self.size = float(seconds), work, check_positive_int("size", size)
+
+    def __len__(self) -> int:
+        return self.len
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if not 0 <= index < self.len:
+            raise IndexError(f"index {index} is out of range for {self.len} samples")
+        if self.work == "io":
+            time.sleep(self.seconds)
+        else:
+            end = time.process_time() + self.seconds  # CPU time: a shared core does not count
+            while time.process_time() < end:
+                pass
+        return torch.full((self.size,), float(index))

@@ -1,0 +1,362 @@
+"""Measurements: the strategy harness of notebook 07, and ``make bench``.
+
+``measure_strategies(size)`` runs one training job (an MLP classifier, one global batch per step)
+under each strategy, each in fresh processes started by ``launch``, and returns one record per
+strategy: time per step, samples per second, and peak memory per device (CUDA:
+``max_memory_allocated``; CPU: each process's peak resident memory, since simulated devices
+share one process).
+
+``python -m course_utils.bench`` (``make bench``) prints four ratios, each measured side by side
+in one run, each the median of at least 5 repeats: DDP scaling on the CPU, the hand-written ring
+all-reduce against gloo's, ``launch`` against torchrun, and the emulated DataParallel's overhead.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from ._checks import check_positive_int
+
+__all__ = [
+    "SIZES",
+    "STRATEGIES",
+    "machine_description",
+    "main",
+    "measure_loader",
+    "measure_strategies",
+]
+
+#: size -> (MLP width, rows per device per step)
+SIZES = {"tiny": (64, 32), "small": (256, 64), "medium": (1024, 128), "large": (1024, 1024)}
+STRATEGIES = ("single", "dp", "parallel_criterion", "ddp_1", "ddp_2", "ddp_2_amp")
+_CLASSES = 10
+
+
+def machine_description() -> str:
+    """One line about this machine: CPU, cores, GPUs, PyTorch."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpu_names = f" ({torch.cuda.get_device_name(0)})" if gpus else ""
+    return (f"{cpu}, {os.cpu_count()} cores, {gpus} GPU(s){gpu_names}, PyTorch {torch.__version__},"
+            f" Python {platform.python_version()}, {platform.system()}")
+
+
+def _mlp(width: int) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                         nn.Linear(width, width), nn.ReLU(), nn.Linear(width, _CLASSES))
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB else
+
+
+def _harness_rank(rank: int, world_size: int, strategy: str, width: int, global_batch: int,
+                  devices: int, steps: int) -> dict:
+    """One process of ``measure_strategies``: build, warm up, time ``steps`` steps."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .amp import autocast, grad_scaler
+    from .by_hand import DataParallelByHand, sim_devices
+    from .parallel_criterion import DataParallelCriterion, DataParallelModel
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    on_gpu = dist.get_backend() == "nccl" or (strategy in ("single",) and gpus > 0) or (
+        strategy in ("dp", "parallel_criterion") and gpus >= devices)
+    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    model = _mlp(width).to(device)
+    loss_fn: nn.Module | DataParallelCriterion = nn.CrossEntropyLoss()
+    amp = "off"
+    if strategy == "dp":
+        model = (nn.DataParallel(model, device_ids=list(range(devices))) if on_gpu
+                 else DataParallelByHand(model, sim_devices(devices)))
+    elif strategy == "parallel_criterion":
+        ids = list(range(devices)) if on_gpu else sim_devices(devices)
+        model = DataParallelModel(model, ids)
+        loss_fn = DataParallelCriterion(nn.CrossEntropyLoss(), ids)
+    elif strategy.startswith("ddp"):
+        model = DDP(model, device_ids=[rank] if on_gpu else None)
+        if strategy.endswith("_amp"):
+            amp = "fp16" if on_gpu else "bf16"
+    rows = global_batch // world_size
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(rows, width, generator=g).to(device)
+    y = torch.randint(0, _CLASSES, (rows,), generator=g).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = grad_scaler(amp, device.type)
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    times = []
+    for step in range(steps + 2):  # two warm-up steps
+        if step == 2 and on_gpu:
+            for d in range(torch.cuda.device_count()):
+                torch.cuda.reset_peak_memory_stats(d)
+        dist.barrier()
+        sync()
+        start = time.perf_counter()
+        with autocast(amp, device.type):
+            loss = loss_fn(model(x), y)
+        optimizer.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        sync()
+        if step >= 2:
+            times.append(time.perf_counter() - start)
+    if on_gpu:
+        used = range(devices) if strategy in ("dp", "parallel_criterion") else [rank]
+        memory = [torch.cuda.max_memory_allocated(d) / 2**20 for d in used]
+    else:
+        memory = [_peak_rss_mb()]
+    del model, optimizer
+    return {"step_time_s": statistics.median(times), "memory_mb": memory, "on_gpu": on_gpu}
+
+
+def measure_strategies(size: str = "small", *, strategies: Sequence[str] = STRATEGIES,
+                       devices: int = 2, steps: int = 8, progress: bool = True) -> list[dict]:
+    """Time one training job under each strategy; one record per strategy.
+
+    Every strategy trains the same MLP on the same global batch (``devices`` times the size's
+    rows per device) for ``steps`` timed steps after two warm-up steps, in fresh processes.
+    ``dp`` and ``parallel_criterion`` use ``devices`` GPUs when there are that many, else as many
+    simulated devices; ``ddp_N`` uses N ranks (one GPU each when there are enough, else the CPU
+    with one thread each); ``ddp_2_amp`` adds autocast (fp16 with a GradScaler on GPUs, bf16 on
+    the CPU).
+    """
+    from tqdm.auto import tqdm
+
+    from .distributed import launch
+
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown or not strategies:
+        raise ValueError(f"strategies must be a non-empty list drawn from {STRATEGIES}, "
+                         f"got {list(strategies)!r}")
+    devices = check_positive_int("devices", devices)
+    steps = check_positive_int("steps", steps)
+    width, rows = SIZES[size]
+    global_batch = rows * devices
+    records = []
+    for strategy in tqdm(list(strategies), desc=f"strategies ({size})", disable=not progress):
+        ranks = int(strategy.split("_")[1]) if strategy.startswith("ddp") else 1
+        results = launch(_harness_rank, ranks, strategy, width, global_batch, devices, steps,
+                         echo=False, timeout_s=600)
+        step_time = max(r["step_time_s"] for r in results)  # a step ends when the slowest rank does
+        records.append({
+            "strategy": strategy,
+            "processes": ranks,
+            "devices": devices if strategy in ("dp", "parallel_criterion") else ranks,
+            "on_gpu": results[0]["on_gpu"],
+            "global_batch": global_batch,
+            "step_time_s": step_time,
+            "samples_per_s": global_batch / step_time,
+            "peak_memory_mb": [m for r in results for m in r["memory_mb"]],
+            "memory_kind": ("cuda max_memory_allocated per device" if results[0]["on_gpu"]
+                            else "peak resident memory per process"),
+        })
+    return records
+
+
+def measure_loader(num_workers: Sequence[int] = (0, 1, 2, 4), *, work: str = "io",
+                   seconds_per_sample: float = 0.01, samples: int = 64, batch_size: int = 8,
+                   progress: bool = True) -> dict:
+    """Seconds per epoch of a ``DataLoader`` over a ``SlowDataset``, for each worker count.
+
+    Workers start from a clean process (``forkserver`` where available, else ``spawn``), never
+    by forking this one, and persist between epochs; the first epoch (worker start-up) is
+    timed apart from the second. DataLoader's warnings (it warns when there are more workers
+    than cores) are collected in ``"warnings"`` rather than printed.
+    """
+    import multiprocessing
+    import warnings
+
+    from torch.utils.data import DataLoader
+    from tqdm.auto import tqdm
+
+    from .data import SlowDataset
+
+    if not num_workers or any(isinstance(w, bool) or not isinstance(w, int) or w < 0
+                              for w in num_workers):
+        raise ValueError(f"num_workers must be a non-empty list of ints >= 0, got {num_workers!r}")
+    dataset = SlowDataset(samples, seconds_per_sample, work=work)
+    context = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    result = {"work": work, "num_workers": list(num_workers), "first_epoch_s": [],
+              "epoch_s": [], "warnings": []}
+    for workers in tqdm(list(num_workers), desc=f"num_workers ({work})", disable=not progress):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers,
+                                persistent_workers=workers > 0,
+                                multiprocessing_context=context if workers else None)
+            times = []
+            for _ in range(2):
+                start = time.perf_counter()
+                for _batch in loader:
+                    pass
+                times.append(time.perf_counter() - start)
+            del loader
+        result["first_epoch_s"].append(times[0])
+        result["epoch_s"].append(times[1])
+        result["warnings"] += sorted({str(w.message).split(".")[0] for w in caught})
+    return result
+
+
+# ------------------------------------------------------------------------------ make bench
+
+
+def _scaling_rank(rank: int, world_size: int, width: int, rows: int, steps: int,
+                  windows: int) -> list[float]:
+    """Samples per second of DDP training, per timing window (all ranks together)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_mlp(width))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(rows, width)
+    y = torch.randint(0, _CLASSES, (rows,))
+    loss_fn = nn.CrossEntropyLoss()
+    rates = []
+    for window in range(windows + 1):  # the first window warms up
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        dist.barrier()
+        if window:
+            rates.append(steps * rows * world_size / (time.perf_counter() - start))
+    del model, optimizer
+    return rates
+
+
+def _ring_rank(rank: int, world_size: int, sizes_mb: Sequence[int], repeats: int) -> dict:
+    """Median seconds of ``ring_all_reduce`` and ``dist.all_reduce``, alternating, per size."""
+    import torch.distributed as dist
+
+    from .collectives import ring_all_reduce
+
+    out = {}
+    for mb in sizes_mb:
+        x = torch.randn(mb * 2**20 // 4)
+        ring_all_reduce(x.clone())  # warm-up both
+        dist.all_reduce(x.clone())
+        ring_s, gloo_s = [], []
+        for _ in range(repeats):
+            for fn, into in ((ring_all_reduce, ring_s), (dist.all_reduce, gloo_s)):
+                y = x.clone()
+                dist.barrier()
+                start = time.perf_counter()
+                fn(y)
+                into.append(time.perf_counter() - start)
+        out[mb] = (statistics.median(ring_s), statistics.median(gloo_s))
+    return out
+
+
+def _noop_rank(rank: int, world_size: int) -> int:
+    """Join the process group and leave: what ``launch`` costs by itself."""
+    return rank
+
+
+def _dp_overhead(width: int, rows: int, repeats: int) -> tuple[float, float]:
+    from .by_hand import data_parallel, sim_devices
+
+    model = _mlp(width)
+    x = torch.randn(rows, width)
+    y = torch.randint(0, _CLASSES, (rows,))
+    loss_fn = nn.CrossEntropyLoss()
+    plain, emulated = [], []
+    for i in range(repeats + 1):
+        for fn, into in ((lambda: model(x), plain),
+                         (lambda: data_parallel(model, x, sim_devices(2)), emulated)):
+            model.zero_grad()
+            start = time.perf_counter()
+            loss_fn(fn(), y).backward()
+            if i:  # the first round warms up
+                into.append(time.perf_counter() - start)
+    return statistics.median(plain), statistics.median(emulated)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Print the machine and the four figures of ``make bench``."""
+    import argparse
+
+    from .distributed import launch, torchrun
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5, help="repeats per figure (>= 5)")
+    args = parser.parse_args(argv)
+    repeats = max(5, args.repeats)
+    torch.set_num_threads(1)
+    began = time.perf_counter()
+    print(f"machine: {machine_description()}")
+    print(f"each figure: median of {repeats} repeats, the two sides measured in the same run\n")
+    rows = []
+
+    # 1. DDP scaling: 2 ranks x 1 thread against 1 rank x 1 thread, compute-bound MLP
+    width, per_rank = 1024, 4096
+    one = statistics.median(launch(_scaling_rank, 1, width, per_rank, 4, repeats, echo=False)[0])
+    two = statistics.median(launch(_scaling_rank, 2, width, per_rank, 4, repeats, echo=False)[0])
+    rows.append(("DDP scaling, 2 ranks / 1 rank (samples/s)", f"{two:8.0f} / {one:8.0f}",
+                 two / one, "ideal 2.0, target >= 1.7"))
+
+    # 2. ring all-reduce by hand against gloo's all_reduce, 2 ranks
+    ring = launch(_ring_rank, 2, [1, 16, 64], repeats, echo=False)[0]
+    for mb, (ring_s, gloo_s) in ring.items():
+        rows.append((f"ring all-reduce / gloo, {mb} MB (bandwidth)",
+                     f"{ring_s * 1e3:7.2f} / {gloo_s * 1e3:7.2f} ms", gloo_s / ring_s,
+                     "target >= 0.8 at 16 MB" if mb == 16 else ""))
+
+    # 3. launch against torchrun, a 2-rank no-op each
+    launch_s, torchrun_s = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        launch(_noop_rank, 2, echo=False)
+        launch_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        job = torchrun("course_utils.ddp_train", 2, "--out", os.devnull, "--noop")
+        torchrun_s.append(time.perf_counter() - start)
+        if job.returncode != 0:
+            raise RuntimeError("torchrun no-op failed:\n" + "\n".join(job.lines + job.log_lines))
+    lm, tm = statistics.median(launch_s), statistics.median(torchrun_s)
+    rows.append(("launch / torchrun, 2-rank no-op (seconds)", f"{lm:7.2f} / {tm:7.2f} s", lm / tm,
+                 "target <= 1.0"))
+
+    # 4. emulated DataParallel on 2 simulated devices against the plain forward + backward
+    for label, width, batch in (("small", 64, 256), ("large", 1024, 256)):
+        plain, emulated = _dp_overhead(width, batch, repeats)
+        rows.append((f"emulated DP (2 sim) / plain, {label} MLP w={width}",
+                     f"{emulated * 1e3:7.2f} / {plain * 1e3:7.2f} ms", emulated / plain,
+                     "time ratio; 1.0 = no overhead"))
+
+    width0 = max(len(r[0]) for r in rows)
+    print(f"{'figure':{width0}}  {'measured':>22}  {'ratio':>6}  note")
+    for name, measured, ratio, note in rows:
+        print(f"{name:{width0}}  {measured:>22}  {ratio:6.2f}  {note}")
+    print(f"\nbench took {time.perf_counter() - began:.0f} s")
+
+
+if __name__ == "__main__":
+    # Run the module's own import, not this __main__ copy: the ranks import their functions
+    # from course_utils.bench by name.
+    from course_utils.bench import main as _main
+
+    _main()
