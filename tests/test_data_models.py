@@ -62,3 +62,21 @@ def test_model_rejects_bad_arguments():
         Model(0, 2)
     with pytest.raises(TypeError, match="report must be callable"):
         Model(5, 2, report="print")
+
+
+def test_slow_dataset():
+    import time
+
+    from course_utils.data import SlowDataset
+
+    ds = SlowDataset(4, 0.01, work="cpu", size=3)
+    start = time.process_time()
+    item = ds[2]
+    assert time.process_time() - start >= 0.01
+    assert item.tolist() == [2.0, 2.0, 2.0] and len(ds) == 4
+    with pytest.raises(IndexError):
+        ds[4]
+    with pytest.raises(ValueError, match="work"):
+        SlowDataset(4, 0.01, work="gpu")
+    with pytest.raises(ValueError, match="seconds"):
+        SlowDataset(4, -1)
