@@ -26,6 +26,7 @@ __all__ = [
     "ddp_buckets",
     "exit_abruptly",
     "hello",
+    "mismatched_all_reduce",
     "raise_on_rank",
     "save_on_rank_0",
     "torch_sync_batchnorm_on_cpu",
@@ -220,3 +221,29 @@ def ddp_buckets(rank: int, world_size: int, bucket_cap_mb: float, iterations: in
     del ddp_model, model
     gc.collect()
     return seen
+
+
+def mismatched_all_reduce(rank: int, world_size: int, detail: bool) -> str:
+    """A classic hang: every rank all-reduces, but with a different shape (2 + rank values).
+
+    With ``detail`` the collectives run on a group created under debug level DETAIL (what
+    ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` does for every group): before each collective the ranks
+    compare fingerprints (operation, shapes, dtypes) and raise at once on a mismatch.
+    """
+    import re
+
+    import torch.distributed as dist
+
+    if detail:
+        dist.set_debug_level(dist.DebugLevel.DETAIL)
+    group = dist.new_group(list(range(world_size)))
+    tensor = torch.ones(2 + rank)
+    try:
+        dist.all_reduce(tensor, group=group)
+    except RuntimeError as err:
+        message = str(err)
+        shapes = re.findall(r"Rank (\d+) is running collective: CollectiveFingerPrint\("
+                            r"SequenceNumber=\d+, OpType=(\w+), TensorShape=(\[[\d, ]*\])", message)
+        described = "; ".join(f"rank {r}: {op} of shape {shape}" for r, op, shape in shapes)
+        return f"RuntimeError: {message.split('.')[0]}. ({described})"
+    return f"rank {rank}: no error, got {tensor.tolist()}"

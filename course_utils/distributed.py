@@ -27,6 +27,7 @@ import datetime
 import importlib
 import os
 import pickle
+import re
 import shutil
 import signal
 import socket
@@ -47,9 +48,11 @@ __all__ = [
     "TorchrunResult",
     "choose_backend",
     "free_port",
+    "init_from_torchrun",
     "launch",
     "rank_print",
     "torchrun",
+    "torchrun_nodes",
 ]
 
 #: c10d log lines start like "[W1122 14:02:53.123456789 ProcessGroupGloo.cpp:...]": they carry
@@ -96,6 +99,38 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def init_from_torchrun(backend: str, timeout_s: float = 300.0) -> None:
+    """``init_process_group`` for a worker that torchrun started, safe across restarts.
+
+    torchrun's agent hosts a TCPStore and hands its address to the workers
+    (``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE=True``). That store outlives
+    a restart, and so do the keys the dead attempt's ranks wrote into it: a restarted rank can
+    read a dead rank's address and wait for it forever. Prefixing the store with the attempt
+    number (``TORCHELASTIC_RESTART_COUNT``) gives every attempt clean keys. (Setting
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` for torchrun is the other way out: then rank 0
+    hosts a fresh store each attempt.) Outside torchrun this is plain ``env://``.
+    """
+    import torch.distributed as dist
+
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
+        dist.init_process_group(backend, init_method="env://")
+        return
+    try:
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    except KeyError as missing:
+        raise RuntimeError(f"torchrun's environment lacks {missing}") from None
+    timeout = datetime.timedelta(seconds=timeout_s)
+    hosted_by_agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0 and not hosted_by_agent,
+                          timeout=timeout)
+    attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+    dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{attempt}", store),
+                            rank=rank, world_size=world_size, timeout=timeout)
 
 
 def rank_print(*values: Any, rank: int | None = None, only_rank: int | None = None) -> None:
@@ -179,6 +214,44 @@ def _stop(ranks: list[_Rank], grace_s: float = 3.0) -> None:
             pass
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (Linux: read from /proc; elsewhere: none)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # pragma: no cover - no /proc
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL ``process``'s session and every descendant, even those in sessions of their own.
+
+    torchrun starts each worker in a new session, so killing the agent's session alone would
+    leave its workers running (and holding the output pipe open).
+    """
+    for pid in _descendants(process.pid):
+        try:
+            os.killpg(pid, signal.SIGKILL) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    _signal_session(process, signal.SIGKILL)
+
+
 def _signal_session(process: subprocess.Popen, sig: int) -> None:
     try:
         if hasattr(os, "killpg"):
@@ -211,8 +284,7 @@ def launch(
     _check_importable(fn)
     world_size = check_positive_int("world_size", world_size)
     threads_per_rank = check_positive_int("threads_per_rank", threads_per_rank)
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
-        raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+    _check_timeout(timeout_s)
     if init not in ("store", "env", "tcp"):
         raise ValueError(f"init must be 'store', 'env' or 'tcp', got {init!r}")
     backend = choose_backend(world_size) if backend is None else backend
@@ -324,40 +396,134 @@ def _wait(ranks: list[_Rank], timeout_s: float, echo: bool) -> list[Any]:
 
 @dataclass
 class TorchrunResult:
-    """What a torchrun job left: its exit code and its output (c10d log lines kept apart)."""
+    """What a torchrun agent left: its exit code, its workers' printed lines, and its logs.
+
+    ``lines`` holds what the workers printed; ``log_lines`` holds the agent's and c10d's log
+    records (timestamps, PIDs) and the ``[rankN]:`` tracebacks torchrun relays from failed
+    workers. ``restarts`` counts the agent's "will restart worker group" decisions.
+    """
 
     command: list[str]
     returncode: int
     lines: list[str]
     log_lines: list[str]
 
+    @property
+    def restarts(self) -> int:
+        return sum("will restart worker group" in line for line in self.log_lines)
 
-def torchrun(module: str, nproc_per_node: int, *script_args: str, timeout_s: float = 180.0,
-             launcher_args: tuple[str, ...] = ("--standalone",)) -> TorchrunResult:
-    """Run ``python -m torch.distributed.run LAUNCHER_ARGS --nproc-per-node=N -m MODULE ARGS``.
+    def agent_events(self) -> list[str]:
+        """The agent's decisions, without timestamps, PIDs or paths (needs ``LOGLEVEL=INFO``).
 
-    ``sys.executable -m torch.distributed.run`` is torchrun itself, without relying on the
-    ``torchrun`` script being on the kernel's PATH. The job runs in its own process session; if
-    it outlives ``timeout_s`` the whole session is killed and :class:`LaunchTimeout` is raised.
-    """
+        Each rendezvous's ``restart_count``, every restart decision and the final outcome:
+        enough to follow a restart, and the same on every run.
+        """
+        events = []
+        for line in self.log_lines:
+            message = line.split("] ", 1)[1].strip() if _AGENT_LOG.match(line) else ""
+            if not message.startswith(_AGENT_EVENTS):
+                continue
+            events.append(re.sub(r"\. Waiting \d+ seconds.*$", ".", message))
+        return events
+
+
+_AGENT_LOG = re.compile(r"^[IWE]\d{4} [\d:.]+ +\d+ \S+\] ")
+# Only decisions that do not depend on timing: which rank the agent reports as the first failure
+# depends on how fast the survivors notice, so "failed (exitcode ...)" is left to log_lines.
+_AGENT_EVENTS = ("[default] Worker group FAILED", "restart_count=",
+                 "[default] worker group successfully finished")
+_LOG_LINE = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d|^\[rank\d+\]:|^\[[IWE]\d")
+
+
+def _check_timeout(timeout_s: Any) -> float:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+        raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+    return float(timeout_s)
+
+
+def _torchrun_command(module: str, nproc_per_node: int, script_args: tuple,
+                      launcher_args: tuple[str, ...]) -> list[str]:
     if not isinstance(module, str) or not module:
         raise TypeError(f"module must be a module name such as 'course_utils.ddp_train', got {module!r}")
     nproc_per_node = check_positive_int("nproc_per_node", nproc_per_node)
-    command = [sys.executable, "-m", "torch.distributed.run", *launcher_args,
-               f"--nproc-per-node={nproc_per_node}", "-m", module, *map(str, script_args)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, env=env, start_new_session=True, text=True)
+    return [sys.executable, "-m", "torch.distributed.run", *launcher_args,
+            f"--nproc-per-node={nproc_per_node}", "-m", module, *map(str, script_args)]
+
+
+def _start(command: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env, start_new_session=True, text=True)
+
+
+def _finish(processes: list[subprocess.Popen], commands: list[list[str]],
+            timeout_s: float) -> list[TorchrunResult]:
+    deadline = time.monotonic() + timeout_s
+    outputs = []
     try:
-        out, _ = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _signal_session(process, signal.SIGKILL)
-        out, _ = process.communicate()
-        raise LaunchTimeout(f"torchrun did not finish within {timeout_s:g} s and was killed.\n"
-                            + "\n".join(out.splitlines()[-20:])) from None
+        for process in processes:
+            try:
+                out, _ = process.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for p in processes:
+                    _kill_tree(p)
+                try:
+                    tail = process.communicate(timeout=10)[0].splitlines()[-20:]
+                except subprocess.TimeoutExpired:  # pragma: no cover - something still holds the pipe
+                    tail = ["(no output: the pipe is still held open)"]
+                raise LaunchTimeout(f"torchrun did not finish within {timeout_s:g} s and was "
+                                    "killed.\n" + "\n".join(tail)) from None
+            outputs.append(out)
     finally:
-        _signal_session(process, signal.SIGKILL)  # any worker torchrun left behind
-    lines = out.splitlines()
-    logs = [ln for ln in lines if ln.startswith(_C10D_LOG_PREFIXES) or " torch.distributed" in ln]
-    return TorchrunResult(command, process.returncode,
-                          [ln for ln in lines if ln not in logs], logs)
+        for p in processes:
+            _kill_tree(p)  # any worker an agent left behind
+    results = []
+    for command, process, out in zip(commands, processes, outputs, strict=True):
+        lines = out.splitlines()
+        logs = [ln for ln in lines if _LOG_LINE.match(ln)]
+        results.append(TorchrunResult(command, process.returncode,
+                                      [ln for ln in lines if not _LOG_LINE.match(ln)], logs))
+    return results
+
+
+def torchrun(module: str, nproc_per_node: int, *script_args: str, timeout_s: float = 180.0,
+             launcher_args: tuple[str, ...] = ("--standalone",),
+             env: dict[str, str] | None = None) -> TorchrunResult:
+    """Run ``python -m torch.distributed.run LAUNCHER_ARGS --nproc-per-node=N -m MODULE ARGS``.
+
+    ``sys.executable -m torch.distributed.run`` is torchrun itself, without relying on the
+    ``torchrun`` script being on the kernel's PATH. ``env`` adds environment variables (for
+    example ``LOGLEVEL=INFO``, which makes the agent log its restart decisions). The job runs in
+    its own process session; if it outlives ``timeout_s`` the whole session is killed and
+    :class:`LaunchTimeout` is raised.
+    """
+    timeout_s = _check_timeout(timeout_s)
+    if isinstance(launcher_args, str) or not all(isinstance(a, str) for a in launcher_args):
+        raise TypeError(f"launcher_args must be a tuple of strings, got {launcher_args!r}")
+    if env is not None and not (isinstance(env, dict)
+                                and all(isinstance(k, str) and isinstance(v, str)
+                                        for k, v in env.items())):
+        raise TypeError(f"env must be a dict of strings to strings, got {env!r}")
+    command = _torchrun_command(module, nproc_per_node, script_args, launcher_args)
+    return _finish([_start(command, env)], [command], timeout_s)[0]
+
+
+def torchrun_nodes(module: str, nnodes: int, nproc_per_node: int, *script_args: str,
+                   timeout_s: float = 180.0, job_id: str = "course") -> list[TorchrunResult]:
+    """Start ``nnodes`` torchrun agents on this machine, as if each were a separate node.
+
+    They meet through c10d rendezvous at ``127.0.0.1:PORT`` (a free port), exactly as agents on
+    different machines would meet at the first node's address, with ``--nnodes=N``. Returns one
+    result per agent.
+    """
+    nnodes = check_positive_int("nnodes", nnodes)
+    timeout_s = _check_timeout(timeout_s)
+    if not isinstance(job_id, str) or not re.fullmatch(r"[\w.-]+", job_id):
+        raise ValueError(f"job_id must be a non-empty name of letters, digits, '_', '.' or '-', "
+                         f"got {job_id!r}")
+    endpoint = f"127.0.0.1:{free_port()}"
+    launcher = (f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+                f"--rdzv-id={job_id}")
+    commands = [_torchrun_command(module, nproc_per_node, script_args, launcher)
+                for _ in range(nnodes)]
+    return _finish([_start(c) for c in commands], commands, timeout_s)
