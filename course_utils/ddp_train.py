@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
+import signal
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -24,6 +27,8 @@ from torch.utils.data.distributed import DistributedSampler
 from ._checks import check_positive_int
 from .amp import AMP_MODES, autocast, grad_scaler
 from .data import regression_dataset
+from .distributed import init_from_torchrun, rank_print
+from .snapshots import SkipFirst, load_snapshot, save_snapshot
 
 __all__ = [
     "TrainConfig",
@@ -47,6 +52,7 @@ class TrainConfig:
     hidden_size: int = 32
     output_size: int = 2
     lr: float = 0.05
+    momentum: float = 0.0
     seed: int = 0
     amp: str = "off"  # "off", "bf16" or "fp16" (course_utils.amp)
 
@@ -58,6 +64,9 @@ class TrainConfig:
             check_positive_int(name, getattr(self, name))
         if not isinstance(self.lr, (int, float)) or isinstance(self.lr, bool) or self.lr <= 0:
             raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
+        if (not isinstance(self.momentum, (int, float)) or isinstance(self.momentum, bool)
+                or not 0 <= self.momentum < 1):
+            raise ValueError(f"momentum must be a number in [0, 1), got {self.momentum!r}")
 
     def per_rank_batch_size(self, world_size: int) -> int:
         world_size = check_positive_int("world_size", world_size)
@@ -67,7 +76,14 @@ class TrainConfig:
         return self.global_batch_size // world_size
 
 
+def _check_config(config: TrainConfig) -> TrainConfig:
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    return config
+
+
 def make_dataset(config: TrainConfig) -> Dataset:
+    _check_config(config)
     dataset, _, _ = regression_dataset(config.data_size, config.input_size, config.output_size,
                                        noise=0.1, seed=config.seed)
     return dataset
@@ -75,6 +91,7 @@ def make_dataset(config: TrainConfig) -> Dataset:
 
 def make_model(config: TrainConfig) -> nn.Module:
     """The same initial weights in every process: they come from ``config.seed``."""
+    _check_config(config)
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(config.seed)
     model = nn.Sequential(
@@ -95,32 +112,79 @@ def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
-def train_ddp(rank: int, world_size: int, config: TrainConfig = TrainConfig()) -> dict:
+def _check_fault_args(snapshot, snapshot_every, kill_rank, kill_at_step, world_size,
+                      total_steps) -> None:
+    if snapshot is not None and not isinstance(snapshot, (str, os.PathLike)):
+        raise TypeError(f"snapshot must be a path or None, got {type(snapshot).__name__}")
+    if not isinstance(snapshot_every, int) or isinstance(snapshot_every, bool) or snapshot_every < 0:
+        raise ValueError(f"snapshot_every must be an int >= 0, got {snapshot_every!r}")
+    if snapshot_every and snapshot is None:
+        raise ValueError("snapshot_every needs a snapshot path to save to")
+    if (kill_rank is None) != (kill_at_step is None):
+        raise ValueError("kill_rank and kill_at_step go together: give both or neither")
+    if kill_rank is not None and not (0 <= kill_rank < world_size and 0 <= kill_at_step < total_steps):
+        raise ValueError(f"kill_rank must be in [0, {world_size}) and kill_at_step in "
+                         f"[0, {total_steps}), got {kill_rank} and {kill_at_step}")
+
+
+def _resume(snapshot, ddp_model, optimizer, scaler, attempt: int) -> tuple[int, int, int]:
+    """(epoch, batch in that epoch, global step) to start from: the snapshot's, or zeros."""
+    if snapshot is None:
+        return 0, 0, 0
+    if not Path(snapshot).is_file():
+        rank_print(f"attempt {attempt}: no snapshot yet, starting at step 0", only_rank=0)
+        return 0, 0, 0
+    info = load_snapshot(snapshot, ddp_model, optimizer, scaler)
+    rank_print(f"attempt {attempt}: resumed from the snapshot of step {info.global_step} "
+               f"(epoch {info.epoch}, batch {info.step_in_epoch})", only_rank=0)
+    return info.epoch, info.step_in_epoch, info.global_step
+
+
+def train_ddp(rank: int, world_size: int, config: TrainConfig = TrainConfig(),
+              snapshot: str | os.PathLike | None = None, snapshot_every: int = 0,
+              kill_rank: int | None = None, kill_at_step: int | None = None) -> dict:
     """Train with ``DistributedDataParallel`` inside an initialised process group.
 
     Returns this rank's final parameters, its per-step losses and the sample indices it saw in
-    each epoch.
+    each epoch. With ``snapshot``, training resumes from that file if it exists, and rank 0
+    writes it every ``snapshot_every`` steps (notebook 08). ``kill_rank`` and ``kill_at_step``
+    inject a fault: that rank kills itself with SIGKILL once that many steps are done, on the
+    first attempt only (``TORCHELASTIC_RESTART_COUNT`` is 0), so the restarted job runs through.
     """
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    _check_config(config)
     if not dist.is_initialized():
         raise RuntimeError("train_ddp needs a process group: run it with launch(...) or torchrun")
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     on_gpu = dist.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    per_rank = config.per_rank_batch_size(world_size)
     dataset = make_dataset(config)
     sampler = _sampler(dataset, config, world_size, rank)
-    loader = DataLoader(dataset, batch_size=config.per_rank_batch_size(world_size), sampler=sampler)
+    resumable = SkipFirst(sampler)  # a resumed epoch starts at the batch where it stopped
+    # the loader's own generator: starting an epoch then draws nothing from the global one
+    loader = DataLoader(dataset, batch_size=per_rank, sampler=resumable,
+                        generator=torch.Generator().manual_seed(config.seed))
+    steps_per_epoch = len(loader)
+    _check_fault_args(snapshot, snapshot_every, kill_rank, kill_at_step, world_size,
+                      config.epochs * steps_per_epoch)
     model = make_model(config).to(device)
     ddp_model = DDP(model, device_ids=[device.index] if on_gpu else None)
-    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=config.lr)
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=config.lr, momentum=config.momentum)
     scaler = grad_scaler(config.amp, device.type)  # scales only for fp16
+    start_epoch, start_batch, global_step = _resume(snapshot, ddp_model, optimizer, scaler, attempt)
     loss_fn = nn.MSELoss()
     losses, seen = [], []
-    for epoch in range(config.epochs):
+    for epoch in range(start_epoch, config.epochs):
         sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on every rank
-        seen.append(list(sampler))
-        for inputs, targets in loader:
+        resumable.skip = start_batch * per_rank if epoch == start_epoch else 0
+        seen.append(list(resumable))
+        for batch, (inputs, targets) in enumerate(loader, start=resumable.skip // per_rank):
+            if rank == kill_rank and global_step == kill_at_step and attempt == 0:
+                print(f"rank {rank}: SIGKILL to myself after step {global_step}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
             with autocast(config.amp, device.type):
                 loss = loss_fn(ddp_model(inputs.to(device)), targets.to(device))
             optimizer.zero_grad()
@@ -128,10 +192,18 @@ def train_ddp(rank: int, world_size: int, config: TrainConfig = TrainConfig()) -
             scaler.step(optimizer)
             scaler.update()
             losses.append(loss.item())
+            global_step += 1
+            if snapshot_every and global_step % snapshot_every == 0:
+                # printed before the collective save, so the line order never depends on timing
+                rank_print(f"attempt {attempt}: step {global_step} done, loss {loss.item():.4f}; "
+                           "saving a snapshot", only_rank=0)
+                epoch_done = batch + 1 == steps_per_epoch
+                save_snapshot(snapshot, ddp_model, optimizer, scaler, epoch=epoch + epoch_done,
+                              step_in_epoch=0 if epoch_done else batch + 1, global_step=global_step)
     params = _snapshot(model)
     del ddp_model, optimizer, model
     gc.collect()
-    return {"params": params, "losses": losses, "seen": seen}
+    return {"params": params, "losses": losses, "seen": seen, "steps": global_step}
 
 
 def train_reference(config: TrainConfig, world_size: int) -> dict:
@@ -141,10 +213,10 @@ def train_reference(config: TrainConfig, world_size: int) -> dict:
     multiple of ``world_size``), so the mean loss over the union equals the mean of the ranks'
     mean losses, and its gradient equals DDP's averaged gradient.
     """
-    per_rank = config.per_rank_batch_size(world_size)
+    per_rank = _check_config(config).per_rank_batch_size(world_size)
     dataset = make_dataset(config)
     model = make_model(config)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
     scaler = grad_scaler(config.amp, "cpu")
     loss_fn = nn.MSELoss()
     losses = []
@@ -181,6 +253,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument(f"--{field.replace('_', '-')}", type=type(value), default=value)
     parser.add_argument("--noop", action="store_true",
                         help="join the process group and leave (launch-overhead benchmark)")
+    parser.add_argument("--snapshot", help="resume from / save snapshots to this file")
+    parser.add_argument("--snapshot-every", type=int, default=0, help="save every N steps")
+    parser.add_argument("--kill-rank", type=int, help="fault injection: the rank that dies")
+    parser.add_argument("--kill-at-step", type=int, help="fault injection: once this many steps are done")
     args = parser.parse_args(argv)
     config = TrainConfig(**{k: getattr(args, k) for k in asdict(defaults)})
 
@@ -189,16 +265,17 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.get("LOCAL_WORLD_SIZE", "1")) else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group(backend, init_method="env://")  # torchrun sets RANK, WORLD_SIZE, ...
+    init_from_torchrun(backend)  # env:// with a clean store for every restart attempt
     if args.noop:
         dist.barrier()
         dist.destroy_process_group()
         return
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    result = train_ddp(rank, world_size, config)
+    result = train_ddp(rank, world_size, config, args.snapshot, args.snapshot_every,
+                       args.kill_rank, args.kill_at_step)
     if rank == 0:  # rank-0-only saving and printing
         torch.save(result["params"], args.out)
-        print(f"rank 0 of {world_size}: {len(result['losses'])} steps, "
+        print(f"rank 0 of {world_size}: finished at step {result['steps']}, "
               f"last loss {result['losses'][-1]:.4f}; parameters saved", flush=True)
     dist.barrier()
     del result

@@ -1,0 +1,148 @@
+"""What notebook 08 runs to show that a snapshot must hold everything, and that saves are atomic.
+
+``train_in_process`` is a small training loop in one process (no process group) with the parts
+that make resuming hard: SGD with momentum (optimizer state), dropout (random numbers), and a
+shuffled ``DistributedSampler`` walked batch by batch (a position inside an epoch). It can stop
+after a chosen step, leaving a snapshot, and resume from it while deliberately forgetting parts
+of the snapshot, to show what each part is for.
+
+``die_while_saving`` is a rank function for ``launch``: it writes one good snapshot, then dies
+with SIGKILL in the middle of writing the next, either the atomic way (``save_snapshot``) or
+by writing the new snapshot straight over the old file.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from ._checks import check_positive_int
+from .data import regression_dataset
+from .snapshots import SkipFirst, load_snapshot, save_snapshot
+
+__all__ = ["PARTS", "die_while_saving", "train_in_process"]
+
+#: What a resume can restore, besides the model's weights.
+PARTS = ("optimizer", "rng", "position")
+
+_BATCH = 8
+_SAMPLES = 48  # 6 steps per epoch
+
+
+def _dropout_model() -> nn.Module:
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 2))
+    torch.random.set_rng_state(generator_state)
+    return model
+
+
+def train_in_process(
+    total_steps: int,
+    snapshot: str | os.PathLike | None = None,
+    *,
+    stop_after: int | None = None,
+    resume: bool = False,
+    restore: tuple[str, ...] = PARTS,
+) -> dict:
+    """Train for ``total_steps`` steps (6 per epoch), or stop after ``stop_after`` steps.
+
+    With ``stop_after``, a snapshot is written to ``snapshot`` at that step and training stops.
+    With ``resume``, training continues from ``snapshot``, restoring only the parts named in
+    ``restore`` (a subset of :data:`PARTS`; the weights are always restored). Returns the final
+    parameters, the losses of the steps this call ran, and the step it started from.
+    """
+    total_steps = check_positive_int("total_steps", total_steps)
+    if not isinstance(restore, (tuple, list, set, frozenset)):
+        raise TypeError(f"restore must be a tuple of names from {PARTS}, got {restore!r}")
+    unknown = set(restore) - set(PARTS)
+    if unknown:
+        raise ValueError(f"restore takes names from {PARTS}, got unknown {sorted(unknown)}")
+    if (stop_after is not None or resume) and snapshot is None:
+        raise ValueError("stop_after and resume need a snapshot path")
+    if stop_after is not None and not 0 < check_positive_int("stop_after", stop_after) < total_steps:
+        raise ValueError(f"stop_after must be between 1 and total_steps - 1, got {stop_after}")
+
+    torch.manual_seed(1234)  # the job's random numbers (dropout) start from a fixed state
+    dataset = regression_dataset(_SAMPLES, 8, 2, seed=0)[0]
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=0)
+    resumable = SkipFirst(sampler)
+    # The loader's own generator: otherwise every new epoch's iterator draws a seed from the
+    # global generator, and a resumed run (which starts one more iterator) would drift.
+    loader = DataLoader(dataset, batch_size=_BATCH, sampler=resumable,
+                        generator=torch.Generator().manual_seed(0))
+    model = _dropout_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    epoch = batch = step = 0
+    if resume:
+        info = load_snapshot(snapshot, model, optimizer if "optimizer" in restore else None,
+                             restore_rng="rng" in restore)
+        step = info.global_step
+        if "position" in restore:
+            epoch, batch = info.epoch, info.step_in_epoch
+    start, losses = step, []
+    steps_per_epoch = _SAMPLES // _BATCH
+    while step < total_steps:
+        sampler.set_epoch(epoch)
+        resumable.skip = batch * _BATCH
+        for inputs, targets in loader:
+            loss = nn.functional.mse_loss(model(inputs), targets)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            step, batch = step + 1, batch + 1
+            if batch == steps_per_epoch:
+                epoch, batch = epoch + 1, 0
+            if step == stop_after:
+                save_snapshot(snapshot, model, optimizer, epoch=epoch, step_in_epoch=batch,
+                              global_step=step)
+                return {"params": _params(model), "losses": losses, "start": start}
+            if step == total_steps:
+                break
+    return {"params": _params(model), "losses": losses, "start": start}
+
+
+def _params(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _kill_myself(_tmp: Path) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def die_while_saving(rank: int, world_size: int, path: str, how: str) -> None:
+    """Save a good snapshot (step 1) at ``path``, then die while saving the next (step 2).
+
+    ``how="atomic"`` uses ``save_snapshot`` and dies after the new bytes are on disk, before the
+    rename. ``how="in place"`` writes the new snapshot straight into ``path`` and dies half-way.
+    """
+    if how not in ("atomic", "in place"):
+        raise ValueError(f"how must be 'atomic' or 'in place', got {how!r}")
+    model = _dropout_model()
+    save_snapshot(path, model, epoch=0, step_in_epoch=1, global_step=1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    if how == "atomic":
+        save_snapshot(path, model, epoch=0, step_in_epoch=2, global_step=2,
+                      before_commit=_kill_myself)
+    else:
+        payload = torch.load(path, weights_only=True)
+        payload.update(model=model.state_dict(), step_in_epoch=2, global_step=2)
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        data = buffer.getvalue()
+        with open(path, "wb") as f:  # opening for writing truncates the good snapshot at once
+            f.write(data[: len(data) // 2])
+            f.flush()
+            os.fsync(f.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable: the process should have died")  # pragma: no cover
