@@ -47,6 +47,10 @@ def output_dtypes(model: nn.Module, inputs: torch.Tensor, amp: str, device_type:
 
     Returns ``(name, type, dtype)`` rows in the order the modules ran.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not isinstance(inputs, torch.Tensor):
+        raise TypeError(f"inputs must be a tensor, got {type(inputs).__name__}")
     rows: list[tuple[str, str, torch.dtype]] = []
     hooks = []
     for name, module in model.named_modules():

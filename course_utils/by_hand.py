@@ -475,6 +475,10 @@ def gather(outputs: Sequence[Any], output_device: Any, dim: int = 0) -> Any:
                     stacklevel=3,
                 )
                 outs = [t.view(1) for t in outs]
+            ndim = max(out.dim(), 1)
+            if not -ndim <= dim < ndim:
+                raise ValueError(f"dim={dim} is out of range for outputs with {out.dim()} "
+                                 f"dimension(s): expected a dim in [{-ndim}, {ndim - 1}]")
             return torch.cat(list(outs), dim)
         if out is None:
             return None

@@ -116,6 +116,11 @@ def check_ring_all_reduce(rank: int, world_size: int, sizes: list[int], seed: in
     Run it with ``launch``. Returns one record per size: the largest difference between the two
     results and the bytes this rank sent, next to ``2 (N-1)/N`` times the tensor's size.
     """
+    if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
+        raise TypeError(f"sizes must be a list of ints, got {sizes!r}")
+    sizes = [check_positive_int("size", size) for size in sizes]
+    if not sizes:
+        raise ValueError("sizes is empty: give at least one tensor size to check")
     records = []
     for size in sizes:
         g = torch.Generator().manual_seed(seed * 1000 + rank * 7919 + size)
@@ -155,6 +160,9 @@ class SyncBatchNormByHand(nn.BatchNorm1d):
     normalises with the mean and variance of the *global* batch, and the gradients flow through
     the all-reduce. Outside a process group (or in eval mode) it is plain ``BatchNorm1d``.
     """
+
+    def __init__(self, num_features: int, *args: Any, **kwargs: Any) -> None:
+        super().__init__(check_positive_int("num_features", num_features), *args, **kwargs)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - nn.Module's name
         if not (self.training and dist.is_available() and dist.is_initialized()

@@ -59,6 +59,11 @@ def saved_tensor_bytes(fn: Callable[[], object], exclude: Sequence[torch.Tensor]
     ``other`` holds integer and boolean tensors (indices, dropout masks), which do not scale
     with the float dtype.
     """
+    if not callable(fn):
+        raise TypeError(f"fn must be a function of no arguments that runs the forward pass, "
+                        f"got {type(fn).__name__}")
+    if not all(isinstance(t, torch.Tensor) for t in exclude):
+        raise TypeError("exclude must be a sequence of tensors")
     skip = {t.untyped_storage().data_ptr() for t in exclude}
     seen: dict[int, tuple[int, bool]] = {}
 
@@ -94,6 +99,20 @@ class ModelSpec:
     target_itemsize: int
     loss_saved_floats: int
     notes: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a str, got {type(self.name).__name__}")
+        for field_name in ("parameters", "inputs", "outputs", "targets", "loss_saved_floats"):
+            value = getattr(self, field_name)
+            if check_int(field_name, value) < 0:
+                raise ValueError(f"{field_name} must be an int >= 0, got {value}")
+        for field_name in ("input_itemsize", "target_itemsize"):
+            check_positive_int(field_name, getattr(self, field_name))
+        for field_name in ("activation_floats", "activation_other_bytes"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"{field_name} must be a number >= 0, got {value!r}")
 
     @classmethod
     def linear(cls, input_size: int = 5, output_size: int = 2) -> ModelSpec:

@@ -142,6 +142,8 @@ class ImageClassifier(nn.Module):
         num_classes = check_positive_int("num_classes", num_classes)
         layers: list[nn.Module] = []
         channels = 3
+        if isinstance(widths, (str, bytes)) or not hasattr(widths, "__len__") or not widths:
+            raise ValueError(f"widths must be a non-empty tuple of channel counts, got {widths!r}")
         for width in widths:
             check_positive_int("width", width)
             layers += [nn.Conv2d(channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
