@@ -38,7 +38,8 @@ if "google.colab" in sys.modules:
 _BADGE_RE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
 
 # A path with at least two components that is not part of a URL, or an ipykernel temp name.
-_MACHINE_PATH = re.compile(r"(?<![\w:/.+=-])/(?:[\w.-]+/)+[\w.-]+|ipykernel_\d+")
+# Interpreter paths such as /bin/bash in a printed shell script are the same everywhere.
+_MACHINE_PATH = re.compile(r"(?<![\w:/.+=-])/(?!(?:usr/)?bin/\w+\b)(?:[\w.-]+/)+[\w.-]+|ipykernel_\d+")
 
 
 def badge_markdown(notebook_name: str) -> str:
@@ -83,6 +84,8 @@ def sync_header(path: str | Path) -> bool:
 
 def clean_metadata(nb) -> None:
     """Keep only what a reader needs: the kernel name and language; no timings, no widget state."""
+    if not (hasattr(nb, "metadata") and hasattr(nb, "cells")):
+        raise TypeError(f"nb must be a notebook read with nbformat, got {type(nb).__name__}")
     nb.metadata = {
         "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},
