@@ -32,8 +32,8 @@ unit: $(STAMP) ## Unit tests only (fast)
 nbval: $(STAMP) ## Notebooks only, under nbval
 	$(BIN)/python -m pytest notebooks
 
-stress: $(STAMP) ## 50 launches in a row of a 2-rank DDP training (about 2 minutes)
-	$(BIN)/python -m pytest -m stress tests/test_launch_stress.py
+stress: $(STAMP) ## 50 DDP launches and 10 torchrun restarts in a row (about 3 minutes)
+	$(BIN)/python -m pytest -m stress tests/test_launch_stress.py tests/test_restart_stress.py
 
 execute: $(STAMP) ## Re-run every notebook in place (clean CPU run) to refresh stored outputs
 	$(BIN)/python -m course_utils.nbtools execute $(NOTEBOOKS)
