@@ -399,8 +399,9 @@ class TorchrunResult:
     """What a torchrun agent left: its exit code, its workers' printed lines, and its logs.
 
     ``lines`` holds what the workers printed; ``log_lines`` holds the agent's and c10d's log
-    records (timestamps, PIDs) and the ``[rankN]:`` tracebacks torchrun relays from failed
-    workers. ``restarts`` counts the agent's "will restart worker group" decisions.
+    records (timestamps, PIDs), the ``[rankN]:`` tracebacks torchrun relays from failed
+    workers, and the C++ runtime's "terminate called ..." from workers stopped mid-collective.
+    ``restarts`` counts the agent's "will restart worker group" decisions.
     """
 
     command: list[str]
@@ -432,7 +433,11 @@ _AGENT_LOG = re.compile(r"^[IWE]\d{4} [\d:.]+ +\d+ \S+\] ")
 # depends on how fast the survivors notice, so "failed (exitcode ...)" is left to log_lines.
 _AGENT_EVENTS = ("[default] Worker group FAILED", "restart_count=",
                  "[default] worker group successfully finished")
-_LOG_LINE = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d|^\[rank\d+\]:|^\[[IWE]\d")
+# Log records, tracebacks torchrun relays from failed workers, and what the C++ runtime prints
+# when a process it is tearing down still has a live thread (a surviving rank that the agent
+# stops after another rank died prints it in some runs and not others).
+_LOG_LINE = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d|^\[rank\d+\]:|^\[[IWE]\d"
+                       r"|^terminate called (without an active exception|after throwing)")
 
 
 def _check_timeout(timeout_s: Any) -> float:

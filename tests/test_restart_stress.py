@@ -2,7 +2,7 @@
 
 A restarted attempt once hung in gloo's connectFullMesh when it read a dead attempt's keys from
 torchrun's store (fixed by ``init_from_torchrun``). A failure that shows up one run in twenty needs
-many runs to be seen; `make test` kills at five steps, this kills at ten more, alternating ranks.
+many runs to be seen; test_restarts kills at five steps, this kills at ten more, alternating ranks.
 """
 
 import pytest

@@ -162,6 +162,7 @@ SAVE_FOREVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.stress  # six processes that import torch: run by `make stress`
 def test_sigkill_at_random_moments_never_leaves_a_broken_snapshot(tmp_path):
     """Kill a process that saves in a loop at random moments: the file always loads, and it
     holds the step its own contents say (the weights and the step were written together)."""
