@@ -116,6 +116,7 @@ def init_from_torchrun(backend: str, timeout_s: float = 300.0) -> None:
 
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    timeout_s = _check_timeout(timeout_s)
     if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
         dist.init_process_group(backend, init_method="env://")
         return

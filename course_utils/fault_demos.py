@@ -27,7 +27,7 @@ from ._checks import check_positive_int
 from .data import regression_dataset
 from .snapshots import SkipFirst, load_snapshot, save_snapshot
 
-__all__ = ["PARTS", "die_while_saving", "train_in_process"]
+__all__ = ["PARTS", "demo_model", "die_while_saving", "train_in_process"]
 
 #: What a resume can restore, besides the model's weights.
 PARTS = ("optimizer", "rng", "position")
@@ -36,7 +36,8 @@ _BATCH = 8
 _SAMPLES = 48  # 6 steps per epoch
 
 
-def _dropout_model() -> nn.Module:
+def demo_model() -> nn.Module:
+    """The demos' model: a small MLP with dropout, with the same initial weights every time."""
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 2))
@@ -78,7 +79,7 @@ def train_in_process(
     # global generator, and a resumed run (which starts one more iterator) would drift.
     loader = DataLoader(dataset, batch_size=_BATCH, sampler=resumable,
                         generator=torch.Generator().manual_seed(0))
-    model = _dropout_model()
+    model = demo_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     epoch = batch = step = 0
     if resume:
@@ -126,7 +127,7 @@ def die_while_saving(rank: int, world_size: int, path: str, how: str) -> None:
     """
     if how not in ("atomic", "in place"):
         raise ValueError(f"how must be 'atomic' or 'in place', got {how!r}")
-    model = _dropout_model()
+    model = demo_model()
     save_snapshot(path, model, epoch=0, step_in_epoch=1, global_step=1)
     with torch.no_grad():
         for p in model.parameters():

@@ -145,6 +145,8 @@ CASES = [
      ValueError, 'world_size must be an int >= 1'),
     ('distributed.init_from_torchrun', lambda: distributed.init_from_torchrun("mpi"),
      ValueError, "backend must be 'gloo' or 'nccl'"),
+    ('distributed.init_from_torchrun timeout', lambda: distributed.init_from_torchrun("gloo", 0),
+     ValueError, 'timeout_s must be a number of seconds > 0'),
     ('distributed.launch fn', lambda: distributed.launch("f", 2),
      TypeError, 'fn must be a function'),
     ('distributed.launch ws', lambda: distributed.launch(distributed.rank_print, 0),
@@ -274,7 +276,7 @@ def test_every_public_callable_has_a_bad_input_case():
         # command-line entry points: argparse (test below)
         "ddp_train.main", "bench.main",
         # no arguments, or plain records
-        "bench.machine_description", "env.device_report", "env.in_colab", "distributed.free_port",
+        "bench.machine_description", "env.device_report", "fault_demos.demo_model", "env.in_colab", "distributed.free_port",
         "by_hand.record_memory", "distributed.rank_print", "distributed.LaunchTimeout",
         "distributed.RankError", "distributed.TorchrunResult", "by_hand.Equivalence",
         "by_hand.MemoryRecord", "by_hand.SimDevice", "env.DeviceReport", "memory.Ledger",

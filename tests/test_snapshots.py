@@ -135,15 +135,15 @@ def test_writer_killed_in_the_middle_of_a_save(tmp_path, how):
     with pytest.raises(RankError, match="killed by signal 9"):
         launch(fault_demos.die_while_saving, 1, str(path), how, echo=False)
     if how == "atomic":
-        info = load_snapshot(path, fault_demos._dropout_model())
+        info = load_snapshot(path, fault_demos.demo_model())
         assert info.global_step == 1  # the previous snapshot, intact
         leftovers = [p.name for p in tmp_path.iterdir() if p.name != "snapshot.pt"]
         assert len(leftovers) == 1 and leftovers[0].startswith(".snapshot.pt.tmp-")
-        save_snapshot(path, fault_demos._dropout_model(), epoch=0, step_in_epoch=0, global_step=3)
+        save_snapshot(path, fault_demos.demo_model(), epoch=0, step_in_epoch=0, global_step=3)
         assert [p.name for p in tmp_path.iterdir()] == ["snapshot.pt"]  # the stale file is gone
     else:  # the control: writing in place loses the only snapshot
         with pytest.raises(ValueError, match="is not a readable snapshot"):
-            load_snapshot(path, fault_demos._dropout_model())
+            load_snapshot(path, fault_demos.demo_model())
 
 
 SAVE_FOREVER = textwrap.dedent("""
