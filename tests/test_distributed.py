@@ -180,6 +180,7 @@ def test_ddp_equals_one_process_with_the_global_batch(world_size):
     assert set().union(*shards) == set(range(config.data_size))
 
 
+@pytest.mark.stress  # notebook 05 asserts the same under nbval in `make test`
 def test_torchrun_path_equals_launch_path(tmp_path):
     config = TrainConfig(epochs=1)
     out = tmp_path / "params.pt"
