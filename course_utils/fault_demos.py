@@ -25,6 +25,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from ._checks import check_positive_int
 from .data import regression_dataset
+from .ddp_train import _snapshot as _params  # a detached copy of the weights
 from .snapshots import SkipFirst, load_snapshot, save_snapshot
 
 __all__ = ["PARTS", "demo_model", "die_while_saving", "train_in_process"]
@@ -109,10 +110,6 @@ def train_in_process(
             if step == total_steps:
                 break
     return {"params": _params(model), "losses": losses, "start": start}
-
-
-def _params(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def _kill_myself(_tmp: Path) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from torch.utils.data import Sampler
 
 from ._checks import check_int
@@ -74,9 +76,12 @@ def strip_module_prefix(state: dict[str, Any]) -> dict[str, Any]:
     """Drop the ``module.`` that DataParallel and DDP put before every key, if every key has it."""
     if not isinstance(state, dict):
         raise TypeError(f"state must be a state dict (a dict), got {type(state).__name__}")
+    copy = OrderedDict(state)
+    if hasattr(state, "_metadata"):  # per-module versions that load_state_dict reads
+        copy._metadata = OrderedDict(state._metadata)
     if state and all(k.startswith("module.") for k in state):
-        return {k[len("module."):]: v for k, v in state.items()}
-    return dict(state)
+        consume_prefix_in_state_dict_if_present(copy, "module.")  # torch's own helper
+    return copy
 
 
 def _inner(model: nn.Module) -> nn.Module:
