@@ -1,6 +1,8 @@
-"""The program each rank runs: ``python -m course_utils._rank WORKDIR RANK`` (see distributed.launch).
+"""What each rank of ``distributed.launch`` runs, in a process of its own.
 
-It reads the launch's payload, joins the process group, runs ``fn(rank, world_size, *args)`` and
+A rank starts one of two ways: forked by the fork server (``forked``, the fast way on Linux),
+or as a fresh interpreter, ``python -m course_utils._rank WORKDIR RANK`` (``main``). Either way
+it reads the launch's payload, joins the process group, runs ``fn(rank, world_size, *args)`` and
 writes ``("ok", value, None, None, time)`` or ``("error", type, message, traceback, time)`` to
 ``WORKDIR/rank{RANK}.result``, atomically. It then tears the group down, dropping every object
 first (a DDP model alive at teardown can make gloo abort at exit), and leaves with ``os._exit`` so
@@ -31,8 +33,35 @@ def _write(path: Path, record: tuple) -> None:
     os.replace(tmp, path)
 
 
+def forked(workdir: str, rank: int, env: dict[str, str]) -> None:
+    """Entry point of a rank forked by the fork server: become a rank of its own, then run.
+
+    The server was started once, with the environment of that moment, and has imported torch (and
+    done no torch compute, so forking it is safe). The rank takes a session of its own (so that
+    ``launch`` can stop it and anything it starts as a whole), sends its stdout and stderr (C++
+    messages included) to its log file, and takes the launching process's current environment.
+    """
+    os.setsid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    log = os.open(Path(workdir) / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    sys.stdout.reconfigure(line_buffering=True, write_through=True)
+    sys.stderr.reconfigure(line_buffering=True, write_through=True)
+    os.environ.clear()
+    os.environ.update(env)
+    os._exit(run(Path(workdir), rank))
+
+
 def main() -> None:
-    workdir, rank = Path(sys.argv[1]), int(sys.argv[2])
+    """Entry point of a rank started as ``python -m course_utils._rank WORKDIR RANK``."""
+    os._exit(run(Path(sys.argv[1]), int(sys.argv[2])))
+
+
+def run(workdir: Path, rank: int) -> int:
+    """Join the group, run ``fn``, write the result, tear down; return the exit code."""
     result_path = workdir / f"rank{rank}.result"
     code = 0
     try:
@@ -78,7 +107,7 @@ def main() -> None:
         pass
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@ strategy: time per step, samples per second, and peak memory per device (CUDA:
 ``max_memory_allocated``; CPU: each process's peak resident memory, since simulated devices
 share one process).
 
-``python -m course_utils.bench`` (``make bench``) prints four ratios, each measured side by side
-in one run, each the median of at least 5 repeats: DDP scaling on the CPU, the hand-written ring
-all-reduce against gloo's, ``launch`` against torchrun, and the emulated DataParallel's overhead.
+``python -m course_utils.bench`` (``make bench``) prints four comparisons, each measured side by
+side in one run, each the median of at least 5 repeats: DDP scaling on the CPU, the hand-written
+ring all-reduce against gloo's, ``launch`` (ranks forked from its fork server, and fresh
+interpreters) against torchrun, and the emulated DataParallel's overhead.
 """
 
 from __future__ import annotations
@@ -325,20 +326,25 @@ def main(argv: Sequence[str] | None = None) -> None:
                      f"{ring_s * 1e3:7.2f} / {gloo_s * 1e3:7.2f} ms", gloo_s / ring_s,
                      "target >= 0.8 at 16 MB" if mb == 16 else ""))
 
-    # 3. launch against torchrun, a 2-rank no-op each
-    launch_s, torchrun_s = [], []
+    # 3. launch (ranks forked from the fork server, or fresh interpreters) against torchrun,
+    #    a 2-rank no-op each
+    launch(_noop_rank, 2, echo=False, start="forkserver")  # starts the server: not timed
+    forked_s, fresh_s, torchrun_s = [], [], []
     for _ in range(repeats):
-        start = time.perf_counter()
-        launch(_noop_rank, 2, echo=False)
-        launch_s.append(time.perf_counter() - start)
+        for start_method, into in (("forkserver", forked_s), ("subprocess", fresh_s)):
+            start = time.perf_counter()
+            launch(_noop_rank, 2, echo=False, start=start_method)
+            into.append(time.perf_counter() - start)
         start = time.perf_counter()
         job = torchrun("course_utils.ddp_train", 2, "--out", os.devnull, "--noop")
         torchrun_s.append(time.perf_counter() - start)
         if job.returncode != 0:
             raise RuntimeError("torchrun no-op failed:\n" + "\n".join(job.lines + job.log_lines))
-    lm, tm = statistics.median(launch_s), statistics.median(torchrun_s)
-    rows.append(("launch / torchrun, 2-rank no-op (seconds)", f"{lm:7.2f} / {tm:7.2f} s", lm / tm,
-                 "target <= 1.0"))
+    fm, sm, tm = (statistics.median(x) for x in (forked_s, fresh_s, torchrun_s))
+    rows.append(("launch (forked) / torchrun, 2-rank no-op (s)", f"{fm:7.2f} / {tm:7.2f} s",
+                 fm / tm, "target <= 1.0"))
+    rows.append(("launch (forked) / launch (fresh interpreters) (s)", f"{fm:7.2f} / {sm:7.2f} s",
+                 fm / sm, "what the fork server saves per launch"))
 
     # 4. emulated DataParallel on 2 simulated devices against the plain forward + backward
     for label, width, batch in (("small", 64, 256), ("large", 1024, 256)):

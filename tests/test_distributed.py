@@ -3,11 +3,15 @@
 import functools
 import os
 import socket
+import subprocess
+import sys
 import time
+import types
 
 import psutil
 import pytest
 import torch
+from conftest import rank_processes
 
 from course_utils import ddp_demos
 from course_utils.collectives import check_ring_all_reduce, chunk_bounds, ring_bytes_per_rank
@@ -22,21 +26,20 @@ from course_utils.distributed import (
 )
 
 
-def descendants():
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE]
-
-
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
-    before = {p.pid for p in descendants()}
+    before = {p.pid for p in rank_processes()}
     yield
-    leftover = [p for p in descendants() if p.pid not in before]
+    leftover = [p for p in rank_processes() if p.pid not in before]
     assert leftover == [], f"processes left behind: {leftover}"
 
 
-def test_returns_values_in_rank_order_and_echoes_rank_by_rank(capsys):
-    results = launch(ddp_demos.hello, 3)
+STARTS = pytest.mark.parametrize("start", ["forkserver", "subprocess"])
+
+
+@STARTS
+def test_returns_values_in_rank_order_and_echoes_rank_by_rank(capsys, start):
+    results = launch(ddp_demos.hello, 3, start=start)
     assert [r["rank"] for r in results] == [0, 1, 2]
     assert {r["world_size"] for r in results} == {3}
     assert results[0]["backend"] == choose_backend(3)
@@ -48,27 +51,30 @@ def test_all_reduce_reaches_every_rank():
     assert launch(ddp_demos.all_reduce_sum, 4, echo=False) == [[10.0]] * 4
 
 
-def test_a_raising_rank_raises_here_with_its_traceback():
-    start = time.monotonic()
+@STARTS
+def test_a_raising_rank_raises_here_with_its_traceback(start):
+    began = time.monotonic()
     with pytest.raises(RankError) as info:
-        launch(ddp_demos.raise_on_rank, 3, 2, "rank two is unhappy")
-    assert time.monotonic() - start < 30
+        launch(ddp_demos.raise_on_rank, 3, 2, "rank two is unhappy", start=start)
+    assert time.monotonic() - began < 30
     err = info.value
     assert (err.rank, err.exc_type, err.message) == (2, "ValueError", "rank two is unhappy")
     assert "raise ValueError(message)" in err.rank_traceback
     assert str(err).startswith("rank 2 raised ValueError: rank two is unhappy")
 
 
-def test_a_rank_that_dies_without_an_exception_is_reported():
+@STARTS
+def test_a_rank_that_dies_without_an_exception_is_reported(start):
     with pytest.raises(RankError, match=r"rank 1 raised ProcessDied: the process exited with code 7"):
-        launch(ddp_demos.exit_abruptly, 2, 1, 7)
+        launch(ddp_demos.exit_abruptly, 2, 1, 7, start=start)
 
 
-def test_a_hanging_rank_is_stopped_at_the_timeout():
-    start = time.monotonic()
+@STARTS
+def test_a_hanging_rank_is_stopped_at_the_timeout(start):
+    began = time.monotonic()
     with pytest.raises(LaunchTimeout, match=r"did not finish within 4 s: rank\(s\) \[0, 1\]"):
-        launch(ddp_demos.block_in_collective, 2, 1, timeout_s=4)
-    assert time.monotonic() - start < 4 + 15
+        launch(ddp_demos.block_in_collective, 2, 1, timeout_s=4, start=start)
+    assert time.monotonic() - began < 4 + 15
 
 
 def test_repeated_launches_leave_no_port_or_process_group_behind():
@@ -111,12 +117,93 @@ def test_function_defined_in_main_is_refused(monkeypatch):
     ({"init": "file"}, ValueError, "init must be"),
     ({"backend": "mpi"}, ValueError, "backend must be"),
     ({"threads_per_rank": 0}, ValueError, "threads_per_rank"),
+    ({"start": "fork"}, ValueError, "start must be 'auto', 'forkserver' or 'subprocess'"),
 ])
 def test_bad_launch_arguments(kwargs, error, message):
     args = {"world_size": 2, **kwargs}
     world_size = args.pop("world_size")
     with pytest.raises(error, match=message):
         launch(ddp_demos.hello, world_size, **args)
+
+
+def report_environment(rank, world_size, name):
+    """A rank for the test below: print on both streams; say what this process sees."""
+    import sys
+
+    print(f"stdout of rank {rank}")
+    print(f"stderr of rank {rank}", file=sys.stderr)
+    return {"value": os.environ.get(name), "rank_env": os.environ["RANK"], "pid": os.getpid(),
+            "own_session": os.getsid(0) == os.getpid()}
+
+
+def test_forked_ranks_take_the_current_environment_and_log_both_streams(monkeypatch, capsys):
+    # the fork server was started earlier, with the environment of that moment; a rank must
+    # still see the variables as they are now, at the launch
+    launch(ddp_demos.hello, 2, echo=False, start="forkserver")
+    monkeypatch.setenv("COURSE_PROBE", "set after the server started")
+    results = launch(report_environment, 2, "COURSE_PROBE", start="forkserver")
+    assert [r["value"] for r in results] == ["set after the server started"] * 2
+    assert [r["rank_env"] for r in results] == ["0", "1"]
+    assert all(r["own_session"] for r in results)
+    assert len({r["pid"] for r in results} | {os.getpid()}) == 3
+    assert capsys.readouterr().out.splitlines() == [
+        "[rank 0] stdout of rank 0", "[rank 0] stderr of rank 0",
+        "[rank 1] stdout of rank 1", "[rank 1] stderr of rank 1"]
+
+
+def test_auto_start_forks_only_where_it_is_safe(monkeypatch):
+    from course_utils.distributed import _use_forkserver
+
+    forks_here = sys.platform == "linux" and not torch.cuda.is_available()
+    assert _use_forkserver("auto", "gloo") is forks_here  # pytest runs as `python -m pytest`
+    assert _use_forkserver("auto", "nccl") is False
+    assert _use_forkserver("subprocess", "gloo") is False
+    if sys.platform == "linux":
+        assert _use_forkserver("forkserver", "nccl") is True
+    monkeypatch.setattr("course_utils.distributed._cuda_visible", lambda: True)
+    assert _use_forkserver("auto", "gloo") is False  # CUDA and fork do not mix
+    assert _use_forkserver("forkserver", "gloo") is (sys.platform == "linux")  # unless asked
+    monkeypatch.undo()
+    script = types.ModuleType("__main__")
+    script.__file__ = "train.py"  # `python train.py`: a fork-server child would import it again
+    script.__spec__ = None
+    monkeypatch.setitem(sys.modules, "__main__", script)
+    assert _use_forkserver("auto", "gloo") is False
+
+
+def run_python(*args, cwd=None):
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120,
+                          cwd=cwd)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.splitlines()
+
+
+def test_a_script_without_a_main_guard_runs_once(tmp_path):
+    script = tmp_path / "no_guard.py"
+    script.write_text("from course_utils import ddp_demos\n"
+                      "from course_utils.distributed import launch\n"
+                      "print('the script body ran')\n"
+                      "print(launch(ddp_demos.all_reduce_sum, 2, echo=False))\n")
+    assert run_python(str(script), cwd=tmp_path) == ["the script body ran", "[[3.0], [3.0]]"]
+
+
+def test_a_fork_server_started_by_someone_else_works_and_ends_with_its_parent():
+    code = ("import multiprocessing, os, psutil\n"
+            "multiprocessing.set_forkserver_preload([])\n"
+            "p = multiprocessing.get_context('forkserver').Process(target=os.getpid)\n"
+            "p.start(); p.join()\n"
+            "from course_utils import ddp_demos\n"
+            "from course_utils.distributed import launch\n"
+            "print(launch(ddp_demos.all_reduce_sum, 2, echo=False, start='forkserver'))\n"
+            "print(*[c.pid for c in psutil.Process().children(recursive=True)])\n")
+    result, helpers = run_python("-c", code)
+    assert result == "[[3.0], [3.0]]"
+    helpers = [int(pid) for pid in helpers.split()]
+    assert len(helpers) == 2  # the fork server and its resource tracker, nothing else
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in helpers):
+        time.sleep(0.05)
+    assert not any(psutil.pid_exists(pid) for pid in helpers)
 
 
 def test_unpicklable_arguments_and_results():

@@ -1,12 +1,13 @@
 """50 launches in a row of a 2-rank DDP training, in one process (`make stress`).
 
-Kept out of `make test` (about two minutes on 2 cores) and run by CI after it. Every launch must
-succeed, give both ranks identical parameters, and leave no process behind.
+Kept out of `make test` (about 25 s on 2 cores, ranks forked from the fork server) and run by CI
+after it. Every launch must succeed, give both ranks identical parameters, and leave no process
+behind.
 """
 
-import psutil
 import pytest
 import torch
+from conftest import rank_processes
 
 from course_utils.ddp_train import TrainConfig, train_ddp
 from course_utils.distributed import launch
@@ -25,6 +26,5 @@ def test_fifty_ddp_launches_in_a_row():
             if first is not None:
                 assert torch.equal(params[name], first[name]), (attempt, name)
         first = first or params
-        alive = [p for p in psutil.Process().children(recursive=True)
-                 if p.status() != psutil.STATUS_ZOMBIE]
+        alive = rank_processes()
         assert alive == [], (attempt, alive)
