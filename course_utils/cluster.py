@@ -83,6 +83,8 @@ set -euo pipefail
 # The first node of the allocation hosts the rendezvous; every agent is told its address.
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 {interface}export NCCL_DEBUG=WARN                 # INFO while bringing a cluster up
+# A restart meets in a fresh store: the agents' restart counts can differ between nodes.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 export OMP_NUM_THREADS={cpus_per_gpu}
 
 srun torchrun \\

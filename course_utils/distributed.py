@@ -111,13 +111,16 @@ def free_port() -> int:
 def init_from_torchrun(backend: str, timeout_s: float = 300.0) -> None:
     """``init_process_group`` for a worker that torchrun started, safe across restarts.
 
-    torchrun's agent hosts a TCPStore and hands its address to the workers
+    By default torchrun's agent hosts a TCPStore and hands its address to the workers
     (``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_USE_AGENT_STORE=True``). That store outlives
     a restart, and so do the keys the dead attempt's ranks wrote into it: a restarted rank can
     read a dead rank's address and wait for it forever. Prefixing the store with the attempt
-    number (``TORCHELASTIC_RESTART_COUNT``) gives every attempt clean keys. (Setting
-    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` for torchrun is the other way out: then rank 0
-    hosts a fresh store each attempt.) Outside torchrun this is plain ``env://``.
+    number (``TORCHELASTIC_RESTART_COUNT``) gives every attempt clean keys, which is right on one
+    node. With several nodes it is not: each agent counts its own restarts, and an agent that
+    restarts because a peer node did does not count it, so the prefixes can differ. For those
+    jobs set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` for torchrun (``torchrun_nodes`` and
+    ``cluster.slurm_script`` do): then rank 0 hosts a fresh store every attempt, and it is used
+    without a prefix. Outside torchrun this is plain ``env://``.
     """
     import torch.distributed as dist
 
@@ -136,9 +139,10 @@ def init_from_torchrun(backend: str, timeout_s: float = 300.0) -> None:
     hosted_by_agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(host, port, world_size, is_master=rank == 0 and not hosted_by_agent,
                           timeout=timeout)
-    attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
-    dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{attempt}", store),
-                            rank=rank, world_size=world_size, timeout=timeout)
+    if hosted_by_agent:  # a store that outlives restarts: clean keys for every attempt
+        store = dist.PrefixStore(f"attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=timeout)
 
 
 def rank_print(*values: Any, rank: int | None = None, only_rank: int | None = None) -> None:
@@ -596,6 +600,15 @@ def _finish(processes: list[subprocess.Popen], commands: list[list[str]],
     return results
 
 
+def _check_launcher(launcher_args: Any, env: Any) -> None:
+    if isinstance(launcher_args, str) or not all(isinstance(a, str) for a in launcher_args):
+        raise TypeError(f"launcher_args must be a tuple of strings, got {launcher_args!r}")
+    if env is not None and not (isinstance(env, dict)
+                                and all(isinstance(k, str) and isinstance(v, str)
+                                        for k, v in env.items())):
+        raise TypeError(f"env must be a dict of strings to strings, got {env!r}")
+
+
 def torchrun(module: str, nproc_per_node: int, *script_args: str, timeout_s: float = 180.0,
              launcher_args: tuple[str, ...] = ("--standalone",),
              env: dict[str, str] | None = None) -> TorchrunResult:
@@ -608,32 +621,33 @@ def torchrun(module: str, nproc_per_node: int, *script_args: str, timeout_s: flo
     :class:`LaunchTimeout` is raised.
     """
     timeout_s = _check_timeout(timeout_s)
-    if isinstance(launcher_args, str) or not all(isinstance(a, str) for a in launcher_args):
-        raise TypeError(f"launcher_args must be a tuple of strings, got {launcher_args!r}")
-    if env is not None and not (isinstance(env, dict)
-                                and all(isinstance(k, str) and isinstance(v, str)
-                                        for k, v in env.items())):
-        raise TypeError(f"env must be a dict of strings to strings, got {env!r}")
+    _check_launcher(launcher_args, env)
     command = _torchrun_command(module, nproc_per_node, script_args, launcher_args)
     return _finish([_start(command, env)], [command], timeout_s)[0]
 
 
 def torchrun_nodes(module: str, nnodes: int, nproc_per_node: int, *script_args: str,
-                   timeout_s: float = 180.0, job_id: str = "course") -> list[TorchrunResult]:
+                   timeout_s: float = 180.0, job_id: str = "course",
+                   launcher_args: tuple[str, ...] = (),
+                   env: dict[str, str] | None = None) -> list[TorchrunResult]:
     """Start ``nnodes`` torchrun agents on this machine, as if each were a separate node.
 
     They meet through c10d rendezvous at ``127.0.0.1:PORT`` (a free port), exactly as agents on
-    different machines would meet at the first node's address, with ``--nnodes=N``. Returns one
-    result per agent.
+    different machines would meet at the first node's address, with ``--nnodes=N``.
+    ``launcher_args`` are added to each agent's (``--max-restarts=1``, say), and ``env`` to its
+    environment. Every agent runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, so that a
+    restart meets in a fresh store (see ``init_from_torchrun``). Returns one result per agent.
     """
     nnodes = check_positive_int("nnodes", nnodes)
     timeout_s = _check_timeout(timeout_s)
+    _check_launcher(launcher_args, env)
     if not isinstance(job_id, str) or not re.fullmatch(r"[\w.-]+", job_id):
         raise ValueError(f"job_id must be a non-empty name of letters, digits, '_', '.' or '-', "
                          f"got {job_id!r}")
     endpoint = f"127.0.0.1:{free_port()}"
     launcher = (f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-                f"--rdzv-id={job_id}")
+                f"--rdzv-id={job_id}", *launcher_args)
     commands = [_torchrun_command(module, nproc_per_node, script_args, launcher)
                 for _ in range(nnodes)]
-    return _finish([_start(c) for c in commands], commands, timeout_s)
+    agent_env = {**(env or {}), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    return _finish([_start(c, agent_env) for c in commands], commands, timeout_s)
