@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import _rank
 from ._checks import check_positive_int
 
 __all__ = [
@@ -415,8 +416,6 @@ def launch(
             env = {**env_base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
             process: subprocess.Popen | _Forked
             if context is not None:
-                from . import _rank
-
                 log.touch()
                 forked = context.Process(target=_rank.forked, args=(str(workdir), rank, env),
                                          name=f"course-rank-{rank}")
