@@ -415,8 +415,7 @@ def launch(
             log, result = workdir / f"rank{rank}.log", workdir / f"rank{rank}.result"
             env = {**env_base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
             process: subprocess.Popen | _Forked
-            if context is not None:
-                log.touch()
+            if context is not None:  # the rank opens its own log (rank{N}.log) once forked
                 forked = context.Process(target=_rank.forked, args=(str(workdir), rank, env),
                                          name=f"course-rank-{rank}")
                 forked.start()
