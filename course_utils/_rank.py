@@ -68,22 +68,24 @@ def run(workdir: Path, rank: int) -> int:
         import torch
         import torch.distributed as dist
 
+        from course_utils.devices import init_kwargs
+
         payload = pickle.loads((workdir / "payload.pkl").read_bytes())
         torch.set_num_threads(payload["threads"])
         world_size, backend = payload["world_size"], payload["backend"]
         timeout = datetime.timedelta(seconds=payload["timeout_s"])
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
+        # NCCL: bind this process to cuda:RANK before any CUDA work, and tell the group so
+        bind = init_kwargs(backend, rank)
         if payload["init"] == "store":
             store = dist.TCPStore("127.0.0.1", payload["port"], None, False, timeout)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                    timeout=timeout)
+                                    timeout=timeout, **bind)
             del store
         elif payload["init"] == "tcp":
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{payload['port']}",
-                                    rank=rank, world_size=world_size, timeout=timeout)
+                                    rank=rank, world_size=world_size, timeout=timeout, **bind)
         else:
-            dist.init_process_group(backend, init_method="env://", timeout=timeout)
+            dist.init_process_group(backend, init_method="env://", timeout=timeout, **bind)
         value = payload["fn"](rank, world_size, *payload["args"])
         del payload
         _write(result_path, ("ok", value, None, None, time.time()))

@@ -14,6 +14,7 @@ interpreters) against torchrun, and the emulated DataParallel's overhead.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import statistics
@@ -29,10 +30,12 @@ from ._checks import check_positive_int
 __all__ = [
     "SIZES",
     "STRATEGIES",
+    "devices_needed",
     "machine_description",
     "main",
     "measure_loader",
     "measure_strategies",
+    "strategy_placement",
 ]
 
 #: size -> (MLP width, rows per device per step)
@@ -69,20 +72,59 @@ def _peak_rss_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB else
 
 
+def devices_needed(strategy: str, devices: int) -> int:
+    """How many devices ``strategy`` uses: ``devices`` for the DataParallel kinds, N for ``ddp_N``."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    devices = check_positive_int("devices", devices)
+    if strategy in ("dp", "parallel_criterion"):
+        return devices
+    return int(strategy.split("_")[1]) if strategy.startswith("ddp") else 1
+
+
+def strategy_placement(strategies: Sequence[str], devices: int, where: str = "auto", *,
+                       gpus: int | None = None, nccl: bool | None = None) -> str:
+    """``"gpu"`` or ``"cpu"``: where every strategy of one comparison runs.
+
+    A comparison is between like and like, so all strategies run in one place: on GPUs only when
+    there are enough for the strategy that needs most (and NCCL for DDP), else all on the CPU
+    (DataParallel's devices then simulated). ``where="gpu"`` insists (an error if that cannot
+    be), ``"cpu"`` forces the CPU, ``"auto"`` (the default) picks GPUs when they suffice.
+    """
+    import torch.distributed as dist
+
+    from .devices import gpu_count
+
+    if where not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"where must be 'auto', 'cpu' or 'gpu', got {where!r}")
+    needed = max(devices_needed(s, devices) for s in strategies)
+    gpus = gpu_count() if gpus is None else gpus
+    nccl = (dist.is_available() and dist.is_nccl_available()) if nccl is None else nccl
+    enough = gpus >= needed and (nccl or not any(s.startswith("ddp") for s in strategies))
+    if where == "gpu" and not enough:
+        raise ValueError(f"where='gpu' needs {needed} GPU(s) (and NCCL for DDP); this machine has "
+                         f"{gpus}")
+    return "gpu" if where != "cpu" and enough else "cpu"
+
+
 def _harness_rank(rank: int, world_size: int, strategy: str, width: int, global_batch: int,
                   devices: int, steps: int) -> dict:
-    """One process of ``measure_strategies``: build, warm up, time ``steps`` steps."""
+    """One process of ``measure_strategies``: build, warm up, time ``steps`` steps.
+
+    It runs where ``rank_device()`` says: on ``cuda:RANK`` under NCCL (then DataParallel's
+    devices are GPUs ``0..devices-1``, which ``strategy_placement`` made sure exist), else on
+    the CPU (DataParallel's devices simulated).
+    """
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .amp import autocast, grad_scaler
     from .by_hand import DataParallelByHand, sim_devices
+    from .devices import rank_device
     from .parallel_criterion import DataParallelCriterion, DataParallelModel
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    on_gpu = dist.get_backend() == "nccl" or (strategy in ("single",) and gpus > 0) or (
-        strategy in ("dp", "parallel_criterion") and gpus >= devices)
-    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    device = rank_device()
+    on_gpu = device.type == "cuda"
     model = _mlp(width).to(device)
     loss_fn: nn.Module | DataParallelCriterion = nn.CrossEntropyLoss()
     amp = "off"
@@ -101,16 +143,17 @@ def _harness_rank(rank: int, world_size: int, strategy: str, width: int, global_
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(rows, width, generator=g).to(device)
     y = torch.randint(0, _CLASSES, (rows,), generator=g).to(device)
+    used = list(range(devices)) if on_gpu and strategy in ("dp", "parallel_criterion") else (
+        [device.index] if on_gpu else [])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = grad_scaler(amp, device.type)
-    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     times = []
     for step in range(steps + 2):  # two warm-up steps
-        if step == 2 and on_gpu:
-            for d in range(torch.cuda.device_count()):
+        if step == 2:
+            for d in used:
                 torch.cuda.reset_peak_memory_stats(d)
         dist.barrier()
-        sync()
+        _synchronize(used)
         start = time.perf_counter()
         with autocast(amp, device.type):
             loss = loss_fn(model(x), y)
@@ -118,28 +161,35 @@ def _harness_rank(rank: int, world_size: int, strategy: str, width: int, global_
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
-        sync()
+        _synchronize(used)  # every device the step used, not only the current one
         if step >= 2:
             times.append(time.perf_counter() - start)
-    if on_gpu:
-        used = range(devices) if strategy in ("dp", "parallel_criterion") else [rank]
-        memory = [torch.cuda.max_memory_allocated(d) / 2**20 for d in used]
-    else:
-        memory = [_peak_rss_mb()]
+    memory = [torch.cuda.max_memory_allocated(d) / 2**20 for d in used] if used else [_peak_rss_mb()]
     del model, optimizer
-    return {"step_time_s": statistics.median(times), "memory_mb": memory, "on_gpu": on_gpu}
+    return {"step_time_s": statistics.median(times), "memory_mb": memory, "on_gpu": on_gpu,
+            "where": (f"cuda:{','.join(map(str, used))}" if on_gpu else
+                      f"cpu, {devices} simulated devices" if strategy in ("dp", "parallel_criterion")
+                      else "cpu")}
+
+
+def _synchronize(cuda_devices: Sequence[int]) -> None:
+    for d in cuda_devices:
+        torch.cuda.synchronize(d)
 
 
 def measure_strategies(size: str = "small", *, strategies: Sequence[str] = STRATEGIES,
-                       devices: int = 2, steps: int = 8, progress: bool = True) -> list[dict]:
+                       devices: int = 2, steps: int = 8, progress: bool = True,
+                       where: str = "auto") -> list[dict]:
     """Time one training job under each strategy; one record per strategy.
 
     Every strategy trains the same MLP on the same global batch (``devices`` times the size's
     rows per device) for ``steps`` timed steps after two warm-up steps, in fresh processes.
-    ``dp`` and ``parallel_criterion`` use ``devices`` GPUs when there are that many, else as many
-    simulated devices; ``ddp_N`` uses N ranks (one GPU each when there are enough, else the CPU
-    with one thread each); ``ddp_2_amp`` adds autocast (fp16 with a GradScaler on GPUs, bf16 on
-    the CPU).
+    All strategies run in one place (``strategy_placement``): on GPUs when there are enough for
+    every one of them, else all on the CPU, so that the rows compare like with like. On GPUs,
+    ``dp`` and ``parallel_criterion`` use ``devices`` GPUs and ``ddp_N`` one GPU per rank; on
+    the CPU, the DataParallel kinds use ``devices`` simulated devices and ``ddp_N`` N processes
+    of one thread each. ``ddp_2_amp`` adds autocast (fp16 with a GradScaler on GPUs, bf16 on
+    the CPU). Each record says where it ran (``"where"``).
     """
     from tqdm.auto import tqdm
 
@@ -153,19 +203,21 @@ def measure_strategies(size: str = "small", *, strategies: Sequence[str] = STRAT
                          f"got {list(strategies)!r}")
     devices = check_positive_int("devices", devices)
     steps = check_positive_int("steps", steps)
+    on_gpu = strategy_placement(strategies, devices, where) == "gpu"
     width, rows = SIZES[size]
     global_batch = rows * devices
     records = []
     for strategy in tqdm(list(strategies), desc=f"strategies ({size})", disable=not progress):
         ranks = int(strategy.split("_")[1]) if strategy.startswith("ddp") else 1
         results = launch(_harness_rank, ranks, strategy, width, global_batch, devices, steps,
-                         echo=False, timeout_s=600)
+                         echo=False, timeout_s=600, backend="nccl" if on_gpu else "gloo")
         step_time = max(r["step_time_s"] for r in results)  # a step ends when the slowest rank does
         records.append({
             "strategy": strategy,
             "processes": ranks,
             "devices": devices if strategy in ("dp", "parallel_criterion") else ranks,
             "on_gpu": results[0]["on_gpu"],
+            "where": results[0]["where"],
             "global_batch": global_batch,
             "step_time_s": step_time,
             "samples_per_s": global_batch / step_time,
@@ -229,10 +281,13 @@ def _scaling_rank(rank: int, world_size: int, width: int, rows: int, steps: int,
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    model = DDP(_mlp(width))
+    from .devices import rank_device
+
+    device = rank_device()
+    model = DDP(_mlp(width).to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(rows, width)
-    y = torch.randint(0, _CLASSES, (rows,))
+    x = torch.randn(rows, width, device=device)
+    y = torch.randint(0, _CLASSES, (rows,), device=device)
     loss_fn = nn.CrossEntropyLoss()
     rates = []
     for window in range(windows + 1):  # the first window warms up
@@ -254,10 +309,11 @@ def _ring_rank(rank: int, world_size: int, sizes_mb: Sequence[int], repeats: int
     import torch.distributed as dist
 
     from .collectives import ring_all_reduce
+    from .devices import rank_device
 
     out = {}
     for mb in sizes_mb:
-        x = torch.randn(mb * 2**20 // 4)
+        x = torch.randn(mb * 2**20 // 4, device=rank_device())
         ring_all_reduce(x.clone())  # warm-up both
         dist.all_reduce(x.clone())
         ring_s, gloo_s = [], []
@@ -300,6 +356,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Print the machine and the four figures of ``make bench``."""
     import argparse
 
+    from .devices import BACKEND_VARIABLE
     from .distributed import launch, torchrun
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -308,19 +365,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     repeats = max(5, args.repeats)
     torch.set_num_threads(1)
     began = time.perf_counter()
+    # Every figure is a CPU figure (1 thread per rank), on any machine: GPUs would make the two
+    # sides of a ratio unlike (one rank on a GPU against two on the CPU, say).
+    cpu_launch = functools.partial(launch, backend="gloo", echo=False)
     print(f"machine: {machine_description()}")
+    print("every figure runs on the CPU with the gloo backend, one thread per rank")
     print(f"each figure: median of {repeats} repeats, the two sides measured in the same run\n")
     rows = []
 
     # 1. DDP scaling: 2 ranks x 1 thread against 1 rank x 1 thread, compute-bound MLP
     width, per_rank = 1024, 4096
-    one = statistics.median(launch(_scaling_rank, 1, width, per_rank, 4, repeats, echo=False)[0])
-    two = statistics.median(launch(_scaling_rank, 2, width, per_rank, 4, repeats, echo=False)[0])
+    one = statistics.median(cpu_launch(_scaling_rank, 1, width, per_rank, 4, repeats)[0])
+    two = statistics.median(cpu_launch(_scaling_rank, 2, width, per_rank, 4, repeats)[0])
     rows.append(("DDP scaling, 2 ranks / 1 rank (samples/s)", f"{two:8.0f} / {one:8.0f}",
                  two / one, "ideal 2.0, target >= 1.7"))
 
     # 2. ring all-reduce by hand against gloo's all_reduce, 2 ranks
-    ring = launch(_ring_rank, 2, [1, 16, 64], repeats, echo=False)[0]
+    ring = cpu_launch(_ring_rank, 2, [1, 16, 64], repeats)[0]
     for mb, (ring_s, gloo_s) in ring.items():
         rows.append((f"ring all-reduce / gloo, {mb} MB (bandwidth)",
                      f"{ring_s * 1e3:7.2f} / {gloo_s * 1e3:7.2f} ms", gloo_s / ring_s,
@@ -328,15 +389,16 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # 3. launch (ranks forked from the fork server, or fresh interpreters) against torchrun,
     #    a 2-rank no-op each
-    launch(_noop_rank, 2, echo=False, start="forkserver")  # starts the server: not timed
+    cpu_launch(_noop_rank, 2, start="forkserver")  # starts the server: not timed
     forked_s, fresh_s, torchrun_s = [], [], []
     for _ in range(repeats):
         for start_method, into in (("forkserver", forked_s), ("subprocess", fresh_s)):
             start = time.perf_counter()
-            launch(_noop_rank, 2, echo=False, start=start_method)
+            cpu_launch(_noop_rank, 2, start=start_method)
             into.append(time.perf_counter() - start)
         start = time.perf_counter()
-        job = torchrun("course_utils.ddp_train", 2, "--out", os.devnull, "--noop")
+        job = torchrun("course_utils.ddp_train", 2, "--out", os.devnull, "--noop",
+                       env={BACKEND_VARIABLE: "gloo"})
         torchrun_s.append(time.perf_counter() - start)
         if job.returncode != 0:
             raise RuntimeError("torchrun no-op failed:\n" + "\n".join(job.lines + job.log_lines))

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ._checks import check_int, check_positive_int
+from .devices import rank_device
 
 __all__ = [
     "SyncBatchNormByHand",
@@ -121,10 +122,11 @@ def check_ring_all_reduce(rank: int, world_size: int, sizes: list[int], seed: in
     sizes = [check_positive_int("size", size) for size in sizes]
     if not sizes:
         raise ValueError("sizes is empty: give at least one tensor size to check")
+    device = rank_device()
     records = []
     for size in sizes:
         g = torch.Generator().manual_seed(seed * 1000 + rank * 7919 + size)
-        x = torch.randn(size, generator=g)
+        x = torch.randn(size, generator=g).to(device)  # the same numbers on every machine
         by_hand, builtin = x.clone(), x.clone()
         sent = ring_all_reduce(by_hand)
         dist.all_reduce(builtin)

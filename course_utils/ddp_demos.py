@@ -2,7 +2,9 @@
 
 They live here, not in the notebook, because every rank is a fresh process that must import them.
 Each takes ``(rank, world_size, ...)``, runs inside an initialised process group, and returns what
-the notebook prints or asserts.
+the notebook prints or asserts. Each computes on ``rank_device()``: the CPU under gloo,
+``cuda:LOCAL_RANK`` under NCCL, so the same lessons run on GPUs (tensors and models are put there,
+and what comes back is moved to the CPU).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .collectives import SyncBatchNormByHand
+from .devices import rank_device
 from .distributed import rank_print
 
 __all__ = [
@@ -44,7 +47,7 @@ def hello(rank: int, world_size: int) -> dict:
 
 def all_reduce_sum(rank: int, world_size: int) -> list[float]:
     """Every rank contributes ``rank + 1``; after ``all_reduce`` every rank holds the sum."""
-    t = torch.tensor([float(rank + 1)])
+    t = torch.tensor([float(rank + 1)], device=rank_device())
     print(f"before all_reduce: {t.item():.0f}")
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     print(f"after  all_reduce: {t.item():.0f}")
@@ -73,8 +76,9 @@ def block_in_collective(rank: int, world_size: int, sleeping_rank: int) -> int:
     """``sleeping_rank`` never joins the all_reduce its peers wait in: a hang, on purpose."""
     if rank == sleeping_rank:
         time.sleep(3600)
-    t = torch.ones(1)
+    t = torch.ones(1, device=rank_device())
     dist.all_reduce(t)
+    t.item()  # NCCL's all_reduce returns at once; reading the result waits for it
     return rank
 
 
@@ -93,13 +97,14 @@ class _TwoHeads(nn.Module):
 
 def unused_parameters(rank: int, world_size: int, find_unused: bool, steps: int = 3) -> list[float]:
     """Train ``_TwoHeads`` under DDP for a few steps, with or without ``find_unused_parameters``."""
+    device = rank_device()
     torch.manual_seed(0)
-    ddp_model = DDP(_TwoHeads(), find_unused_parameters=find_unused)
+    ddp_model = DDP(_TwoHeads().to(device), find_unused_parameters=find_unused)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(rank)
+    g = torch.Generator().manual_seed(rank)  # CPU generator: the same numbers on every machine
     losses = []
     for step in range(steps):
-        loss = ddp_model(torch.randn(8, 4, generator=g)).square().mean()
+        loss = ddp_model(torch.randn(8, 4, generator=g).to(device)).square().mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -127,16 +132,17 @@ def batchnorm_under_ddp(rank: int, world_size: int, sync: bool) -> dict:
     ``sync=True`` uses ``SyncBatchNormByHand`` (statistics of the whole global batch).
     Returns this rank's outputs, the averaged gradient of the first layer, and the running mean.
     """
+    device = rank_device()
     x = _bn_batch(world_size)
     rows = x.shape[0] // world_size
-    local = x[rank * rows:(rank + 1) * rows]
+    local = x[rank * rows:(rank + 1) * rows].to(device)
     norm = SyncBatchNormByHand(3) if sync else nn.BatchNorm1d(3)
-    model = _bn_model(norm)
+    model = _bn_model(norm).to(device)
     ddp_model = DDP(model)
     out = ddp_model(local)
     out.square().mean().backward()
-    result = {"output": out.detach().clone(), "grad": model[0].weight.grad.clone(),
-              "running_mean": model[1].running_mean.clone()}
+    result = {"output": out.detach().cpu(), "grad": model[0].weight.grad.cpu(),
+              "running_mean": model[1].running_mean.cpu()}
     del ddp_model, model
     gc.collect()
     return result
@@ -153,13 +159,18 @@ def batchnorm_reference(world_size: int) -> dict:
 
 
 def torch_sync_batchnorm_on_cpu(rank: int, world_size: int) -> str:
-    """What ``nn.SyncBatchNorm`` says when it meets a CPU tensor inside a process group."""
-    layer = nn.SyncBatchNorm(3)
+    """What ``nn.SyncBatchNorm`` says when it meets a CPU tensor inside a process group.
+
+    The CPU tensor is the point of this lesson: launch it with ``backend="gloo"`` (its rank
+    device is then the CPU; under NCCL the same layer runs on the GPU without an error).
+    """
+    device = rank_device()
+    layer = nn.SyncBatchNorm(3).to(device)
     try:
-        layer(torch.randn(4, 3))
+        layer(torch.randn(4, 3, device=device))
     except ValueError as err:
         return f"ValueError: {err}"
-    return "no error (this PyTorch supports SyncBatchNorm on the CPU)"
+    return f"no error on {device}"
 
 
 def save_on_rank_0(rank: int, world_size: int, path: str) -> dict:
@@ -167,11 +178,12 @@ def save_on_rank_0(rank: int, world_size: int, path: str) -> dict:
 
     Saves ``ddp_model.module.state_dict()`` (no ``module.`` prefix), the form a plain model loads.
     """
+    device = rank_device()
     torch.manual_seed(0)
-    model = nn.Linear(4, 2)
+    model = nn.Linear(4, 2).to(device)
     ddp_model = DDP(model)
     g = torch.Generator().manual_seed(rank)
-    ddp_model(torch.randn(6, 4, generator=g)).square().mean().backward()
+    ddp_model(torch.randn(6, 4, generator=g).to(device)).square().mean().backward()
     with torch.no_grad():
         for p in model.parameters():
             p -= 0.1 * p.grad
@@ -180,7 +192,7 @@ def save_on_rank_0(rank: int, world_size: int, path: str) -> dict:
         torch.save(ddp_model.module.state_dict(), path)
     rank_print("checkpoint written by rank 0 only", only_rank=0)
     dist.barrier()  # nobody reads before rank 0 has finished writing
-    loaded = torch.load(path, map_location="cpu")
+    loaded = torch.load(path, map_location=device)  # else every rank would load onto rank 0's GPU
     same = all(torch.equal(loaded[k], v) for k, v in model.state_dict().items())
     del ddp_model, model
     gc.collect()
@@ -202,9 +214,10 @@ def ddp_buckets(rank: int, world_size: int, bucket_cap_mb: float, iterations: in
     """
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
+    device = rank_device()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                          nn.Linear(256, 10))
+                          nn.Linear(256, 10)).to(device)
     names = {p: n for n, p in model.named_parameters()}
     ddp_model = DDP(model, bucket_cap_mb=bucket_cap_mb)
     seen: list[list[dict]] = []
@@ -217,7 +230,7 @@ def ddp_buckets(rank: int, world_size: int, bucket_cap_mb: float, iterations: in
     ddp_model.register_comm_hook(None, recording_hook)
     for _ in range(iterations):
         seen.append([])
-        ddp_model(torch.randn(8, 64)).sum().backward()
+        ddp_model(torch.randn(8, 64, device=device)).sum().backward()
     del ddp_model, model
     gc.collect()
     return seen
@@ -237,7 +250,7 @@ def mismatched_all_reduce(rank: int, world_size: int, detail: bool) -> str:
     if detail:
         dist.set_debug_level(dist.DebugLevel.DETAIL)
     group = dist.new_group(list(range(world_size)))
-    tensor = torch.ones(2 + rank)
+    tensor = torch.ones(2 + rank, device=rank_device())
     try:
         dist.all_reduce(tensor, group=group)
     except RuntimeError as err:

@@ -27,6 +27,7 @@ from torch.utils.data.distributed import DistributedSampler
 from ._checks import check_positive_int
 from .amp import AMP_MODES, autocast, grad_scaler
 from .data import regression_dataset
+from .devices import choose_backend, rank_device
 from .distributed import init_from_torchrun, rank_print
 from .snapshots import SkipFirst, load_snapshot, save_snapshot
 
@@ -158,8 +159,7 @@ def train_ddp(rank: int, world_size: int, config: TrainConfig = TrainConfig(),
     if not dist.is_initialized():
         raise RuntimeError("train_ddp needs a process group: run it with launch(...) or torchrun")
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    on_gpu = dist.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    device = rank_device()  # the CPU under gloo, cuda:LOCAL_RANK under NCCL
     per_rank = config.per_rank_batch_size(world_size)
     dataset = make_dataset(config)
     sampler = _sampler(dataset, config, world_size, rank)
@@ -171,7 +171,7 @@ def train_ddp(rank: int, world_size: int, config: TrainConfig = TrainConfig(),
     _check_fault_args(snapshot, snapshot_every, kill_rank, kill_at_step, world_size,
                       config.epochs * steps_per_epoch)
     model = make_model(config).to(device)
-    ddp_model = DDP(model, device_ids=[device.index] if on_gpu else None)
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=config.lr, momentum=config.momentum)
     scaler = grad_scaler(config.amp, device.type)  # scales only for fp16
     start_epoch, start_batch, global_step = _resume(snapshot, ddp_model, optimizer, scaler, attempt)
@@ -261,11 +261,9 @@ def main(argv: list[str] | None = None) -> None:
     config = TrainConfig(**{k: getattr(args, k) for k in asdict(defaults)})
 
     torch.set_num_threads(1)
-    backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= int(
-        os.environ.get("LOCAL_WORLD_SIZE", "1")) else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    init_from_torchrun(backend)  # env:// with a clean store for every restart attempt
+    # NCCL when each of this node's ranks has a GPU of its own (COURSE_BACKEND overrides)
+    backend = choose_backend(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    init_from_torchrun(backend)  # binds cuda:LOCAL_RANK under NCCL; a clean store per attempt
     if args.noop:
         dist.barrier()
         dist.destroy_process_group()

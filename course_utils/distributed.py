@@ -49,6 +49,7 @@ from typing import Any
 
 from . import _rank
 from ._checks import check_positive_int
+from .devices import choose_backend, emulated_node_env, init_kwargs, local_rank
 
 __all__ = [
     "LaunchTimeout",
@@ -90,18 +91,6 @@ class LaunchTimeout(TimeoutError):
     """The ranks did not all finish within the launch's ``timeout_s``; they were stopped."""
 
 
-def choose_backend(world_size: int) -> str:
-    """NCCL when every rank can have a GPU of its own (and NCCL exists), else gloo."""
-    import torch
-    import torch.distributed as dist
-
-    world_size = check_positive_int("world_size", world_size)
-    if (torch.cuda.is_available() and torch.cuda.device_count() >= world_size
-            and dist.is_nccl_available()):
-        return "nccl"
-    return "gloo"
-
-
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now (for ``tcp://`` and ``env://`` demos)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -128,8 +117,9 @@ def init_from_torchrun(backend: str, timeout_s: float = 300.0) -> None:
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     timeout_s = _check_timeout(timeout_s)
+    bind = init_kwargs(backend, local_rank())  # NCCL: this process's GPU, before any CUDA work
     if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
-        dist.init_process_group(backend, init_method="env://")
+        dist.init_process_group(backend, init_method="env://", **bind)
         return
     try:
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -143,7 +133,7 @@ def init_from_torchrun(backend: str, timeout_s: float = 300.0) -> None:
     if hosted_by_agent:  # a store that outlives restarts: clean keys for every attempt
         store = dist.PrefixStore(f"attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=timeout)
+                            timeout=timeout, **bind)
 
 
 def rank_print(*values: Any, rank: int | None = None, only_rank: int | None = None) -> None:
@@ -634,7 +624,9 @@ def torchrun_nodes(module: str, nnodes: int, nproc_per_node: int, *script_args: 
     different machines would meet at the first node's address, with ``--nnodes=N``.
     ``launcher_args`` are added to each agent's (``--max-restarts=1``, say), and ``env`` to its
     environment. Every agent runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, so that a
-    restart meets in a fresh store (see ``init_from_torchrun``). Returns one result per agent.
+    restart meets in a fresh store (see ``init_from_torchrun``). The agents share this machine's
+    GPUs: each node gets a slice of its own when there is a GPU for every rank, else all use gloo
+    (``devices.emulated_node_env``). Returns one result per agent.
     """
     nnodes = check_positive_int("nnodes", nnodes)
     timeout_s = _check_timeout(timeout_s)
@@ -647,5 +639,7 @@ def torchrun_nodes(module: str, nnodes: int, nproc_per_node: int, *script_args: 
                 f"--rdzv-id={job_id}", *launcher_args)
     commands = [_torchrun_command(module, nproc_per_node, script_args, launcher)
                 for _ in range(nnodes)]
-    agent_env = {**(env or {}), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    return _finish([_start(c, agent_env) for c in commands], commands, timeout_s)
+    agent_envs = [{**emulated_node_env(node, nnodes, nproc_per_node), **(env or {}),
+                   "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} for node in range(nnodes)]
+    return _finish([_start(c, e) for c, e in zip(commands, agent_envs, strict=True)], commands,
+                   timeout_s)

@@ -17,6 +17,7 @@ from ._checks import check_int
 
 __all__ = [
     "DeviceReport",
+    "course_plan",
     "device_report",
     "in_colab",
     "pick_device",
@@ -81,38 +82,49 @@ class DeviceReport:
         return "\n".join(self.lines())
 
 
-def _course_plan(gpus: int, nccl: bool, gloo: bool) -> tuple[tuple[str, str], ...]:
+def course_plan(gpus: int, nccl: bool, gloo: bool) -> tuple[tuple[str, str], ...]:
+    """What each notebook runs for real on a machine with ``gpus`` GPUs, and what it emulates."""
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        raise ValueError(f"gpus must be an int >= 0, got {gpus!r}")
     multi = gpus >= 2
-    dp = (
-        f"real: splits every batch over {gpus} GPUs"
-        if multi
-        else f"real, but a pass-through with {gpus} GPU(s); splits shown on simulated devices"
-    )
-    by_hand = (
-        f"real torch.nn.parallel primitives on {gpus} GPUs, compared with the CPU emulation"
-        if multi
-        else "CPU emulation of replicate/scatter/parallel_apply/gather on simulated devices"
-    )
-    memory = (
-        "measured per GPU (torch.cuda.max_memory_allocated) and modelled"
-        if gpus
-        else "modelled by the ledger, checked against the tensors the emulation creates"
-    )
-    if multi and nccl:
-        ddp = f"real processes, NCCL, one per GPU (up to {gpus})"
-    elif gloo:
-        ddp = "real processes on the CPU, gloo backend"
+    one_device = "cuda:0, for real" if gpus else "the CPU (cuda:N is explained, not run)"
+    if multi:
+        dp = f"real: splits every batch over {gpus} GPUs"
+    elif gpus:
+        dp = "real on cuda:0, but one device means no split; splits shown on simulated devices"
     else:
+        dp = "a pass-through on the CPU; splits shown on simulated devices"
+    by_hand = "CPU emulation of replicate/scatter/parallel_apply/gather on simulated devices" + (
+        f", compared with nn.DataParallel on {gpus} GPUs" if multi else "")
+    memory = "modelled by the ledger, checked against the tensors the emulation creates" + (
+        f"; also measured on {gpus} GPUs (max_memory_allocated)" if multi
+        else "; the GPU measurement needs 2 GPUs")
+    if not gloo and not (multi and nccl):
         ddp = "unavailable: this PyTorch build has no gloo backend"
-    amp = "bf16 autocast on the CPU; fp16 + GradScaler on the GPU" if gpus else (
-        "bf16 autocast on the CPU, for real; the fp16 + GradScaler cells need a GPU"
-    )
+    elif multi and nccl:
+        ddp = (f"real processes; NCCL, one GPU per rank, for jobs of up to {gpus} ranks; larger "
+               "jobs and the CPU-only lessons on gloo")
+    elif gpus:
+        why = "one GPU cannot host two NCCL ranks" if gpus == 1 else "this PyTorch has no NCCL"
+        ddp = f"real processes on the CPU, gloo ({why})"
+    else:
+        ddp = "real processes on the CPU, gloo backend"
+    amp = "bf16, and fp16 with a GradScaler, autocast on the CPU" + (
+        "; fp16 + GradScaler on the GPU too" if gpus else "")
+    strategies = (f"every strategy on GPUs ({gpus} available)" if multi and nccl
+                  else "every strategy on the CPU: DataParallel on simulated devices, DDP on gloo")
+    faults = ("torchrun restarts with NCCL (one GPU per rank); two emulated nodes, each on GPUs "
+              "of its own" if multi and nccl else
+              "torchrun restarts and two emulated nodes, all on gloo on the CPU")
     return (
+        ("01 one device", one_device),
         ("02 nn.DataParallel", dp),
         ("03 DataParallel by hand", by_hand),
         ("04 memory per device", memory),
         ("05 DistributedDataParallel", ddp),
         ("06 mixed precision", amp),
+        ("07 choosing a strategy", strategies),
+        ("08 faults and nodes", faults),
     )
 
 
@@ -132,7 +144,7 @@ def device_report() -> DeviceReport:
         gloo=gloo,
         colab=in_colab(),
         cpu_cores=os.cpu_count() or 1,
-        plan=_course_plan(len(names), nccl, gloo),
+        plan=course_plan(len(names), nccl, gloo),
     )
 
 

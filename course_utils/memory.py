@@ -345,18 +345,21 @@ def _ddp_peak_rank(rank: int, world_size: int, config: dict, per_rank_batch: int
     """One rank of ``cuda_peak_bytes(strategy="ddp")``: the peak of its second training step."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    device = torch.device("cuda", rank)
+    from .devices import rank_device
+
+    device = rank_device()  # cuda:LOCAL_RANK: cuda_peak_bytes launches it with NCCL
     model, ids, targets = _bert_step_inputs(config, per_rank_batch, device)
-    ddp_model = DDP(model, device_ids=[rank])
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.Adam(ddp_model.parameters())
+    on_gpu = device.type == "cuda"
     for step in range(2):
-        if step == 1:
+        if step == 1 and on_gpu:
             torch.cuda.reset_peak_memory_stats(device)
         loss = _token_loss(ddp_model(ids), targets)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    peak = torch.cuda.max_memory_allocated(device)
+    peak = torch.cuda.max_memory_allocated(device) if on_gpu else 0  # nothing to measure on a CPU
     del ddp_model, model, optimizer, loss
     return peak
 

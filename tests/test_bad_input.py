@@ -22,6 +22,7 @@ from course_utils import (
     collectives,
     data,
     ddp_train,
+    devices,
     distributed,
     env,
     fault_demos,
@@ -142,7 +143,29 @@ CASES = [
     ('ddp_train.train_reference cfg', lambda: ddp_train.train_reference("cfg", 2),
      TypeError, 'config must be a TrainConfig'),
     ('distributed.choose_backend', lambda: distributed.choose_backend(0),
-     ValueError, 'world_size must be an int >= 1'),
+     ValueError, 'ranks_on_this_machine must be an int >= 1'),
+    ('env.course_plan', lambda: env.course_plan(-1, True, True),
+     ValueError, 'gpus must be an int >= 0'),
+    ('devices.choose_backend', lambda: devices.choose_backend(2, gpus=-1),
+     ValueError, 'gpus must be an int >= 0'),
+    ('devices.device_for', lambda: devices.device_for("mpi", 0),
+     ValueError, "backend must be 'gloo' or 'nccl'"),
+    ('devices.device_for rank', lambda: devices.device_for("gloo", -1),
+     ValueError, 'local_rank must be an int >= 0'),
+    ('devices.init_kwargs', lambda: devices.init_kwargs("nccl", 1.5),
+     ValueError, 'local_rank must be an int >= 0'),
+    ('devices.emulated_node_env', lambda: devices.emulated_node_env(2, 2, 1),
+     ValueError, 'node must be an int in [0, 2)'),
+    ('devices.emulated_node_env gpus', lambda: devices.emulated_node_env(0, 2, 1, gpus="2"),
+     ValueError, 'gpus must be an int >= 0'),
+    ('devices.audited', lambda: devices.audited(0, 1, "fn"),
+     TypeError, 'fn must be a rank function'),
+    ('bench.devices_needed', lambda: bench.devices_needed("zero", 2),
+     ValueError, 'strategy must be one of'),
+    ('bench.strategy_placement', lambda: bench.strategy_placement(["dp"], 2, "tpu"),
+     ValueError, "where must be 'auto', 'cpu' or 'gpu'"),
+    ('bench.strategy_placement gpu', lambda: bench.strategy_placement(["dp"], 2, "gpu", gpus=1),
+     ValueError, "where='gpu' needs 2 GPU(s)"),
     ('distributed.init_from_torchrun', lambda: distributed.init_from_torchrun("mpi"),
      ValueError, "backend must be 'gloo' or 'nccl'"),
     ('distributed.init_from_torchrun timeout', lambda: distributed.init_from_torchrun("gloo", 0),
@@ -261,6 +284,7 @@ CASES = [
 @pytest.mark.parametrize(("name", "call", "error", "message"), CASES, ids=[c[0] for c in CASES])
 def test_bad_input_raises_a_clear_error(name, call, error, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # calls that would write (a snapshot, say) write here
+
     with pytest.raises(error, match="^" + re.escape(message)):
         call()
 
@@ -285,6 +309,8 @@ def test_every_public_callable_has_a_bad_input_case():
         "distributed.RankError", "distributed.TorchrunResult", "by_hand.Equivalence",
         "by_hand.MemoryRecord", "by_hand.SimDevice", "env.DeviceReport", "memory.Ledger",
         "snapshots.SnapshotInfo",
+        # no arguments, or a context manager (tests/test_devices.py)
+        "devices.gpu_count", "devices.local_rank", "devices.rank_device", "devices.DeviceAudit",
     }
     missing = []
     for info in pkgutil.iter_modules(course_utils.__path__):

@@ -16,7 +16,7 @@ def test_measure_strategies_returns_one_record_each():
     records = bench.measure_strategies("tiny", strategies=strategies, steps=2, progress=False)
     assert [r["strategy"] for r in records] == list(strategies)
     for r in records:
-        assert set(r) == {"strategy", "processes", "devices", "on_gpu", "global_batch",
+        assert set(r) == {"strategy", "processes", "devices", "on_gpu", "where", "global_batch",
                           "step_time_s", "samples_per_s", "peak_memory_mb", "memory_kind"}
         assert r["step_time_s"] > 0 and r["samples_per_s"] > 0
         assert r["global_batch"] == 2 * bench.SIZES["tiny"][1]

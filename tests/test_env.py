@@ -18,19 +18,39 @@ def test_report_describes_this_machine():
     assert f"PyTorch          : {torch.__version__}" in text
     assert "gloo available" in text and "NCCL available" in text
     plan = report.plan_lines()
-    assert [line.split()[0] for line in plan] == ["02", "03", "04", "05", "06"]
+    assert [line.split()[0] for line in plan] == ["01", "02", "03", "04", "05", "06", "07", "08"]
 
 
 def test_plan_follows_the_hardware():
-    no_gpu = dict(env._course_plan(0, nccl=False, gloo=True))
-    two = dict(env._course_plan(2, nccl=True, gloo=True))
+    no_gpu = dict(env.course_plan(0, nccl=False, gloo=True))
+    two = dict(env.course_plan(2, nccl=True, gloo=True))
     assert "pass-through" in no_gpu["02 nn.DataParallel"]
     assert "emulation" in no_gpu["03 DataParallel by hand"]
     assert "gloo" in no_gpu["05 DistributedDataParallel"]
     assert "2 GPUs" in two["02 nn.DataParallel"]
     assert "NCCL" in two["05 DistributedDataParallel"]
-    assert "unavailable" in dict(env._course_plan(0, nccl=False, gloo=False))[
+    assert "unavailable" in dict(env.course_plan(0, nccl=False, gloo=False))[
         "05 DistributedDataParallel"]
+
+
+@pytest.mark.parametrize("gpus", [0, 1, 2, 3, 8])
+@pytest.mark.parametrize("nccl", [True, False])
+def test_the_plan_says_what_the_launchers_decide(gpus, nccl, monkeypatch):
+    """Notebook 00's plan agrees with the decisions the code makes on 0, 1 and 2+ GPUs."""
+    from course_utils import bench, devices
+
+    monkeypatch.delenv(devices.BACKEND_VARIABLE, raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    plan = dict(env.course_plan(gpus, nccl=nccl, gloo=True))
+    two_rank_backend = devices.choose_backend(2, gpus=gpus, nccl_available=nccl)
+    assert ("NCCL, one GPU per rank" in plan["05 DistributedDataParallel"]) == (two_rank_backend == "nccl")
+    on_gpus = bench.strategy_placement(bench.STRATEGIES, 2, gpus=gpus, nccl=nccl) == "gpu"
+    assert ("on GPUs" in plan["07 choosing a strategy"]) == on_gpus
+    node_env = devices.emulated_node_env(0, 2, 1, gpus=gpus)
+    nodes_on_gpus = "CUDA_VISIBLE_DEVICES" in node_env and two_rank_backend == "nccl"
+    assert ("GPUs of its own" in plan["08 faults and nodes"]) == nodes_on_gpus
+    assert ("cuda:0" in plan["01 one device"]) == (gpus > 0)
+    assert ("measured on" in plan["04 memory per device"]) == (gpus >= 2)
 
 
 def test_in_colab(monkeypatch):

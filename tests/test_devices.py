@@ -1,0 +1,228 @@
+"""One place decides each rank's backend and device (course_utils.devices), and every rank
+function of the course obeys it: checked on the CPU with a device audit, so that code which would
+fail under NCCL (CPU tensors in a collective, a model left on the CPU) fails here first."""
+
+import importlib
+import inspect
+import pkgutil
+
+import pytest
+import torch
+from conftest import rank_processes
+from torch import nn
+
+import course_utils
+from course_utils import bench, devices
+from course_utils.ddp_train import TrainConfig
+from course_utils.distributed import launch
+
+
+@pytest.fixture(autouse=True)
+def no_backend_override(monkeypatch):
+    monkeypatch.delenv(devices.BACKEND_VARIABLE, raising=False)
+
+
+# --------------------------------------------------------------------------- the decisions
+
+
+@pytest.mark.parametrize(("ranks", "gpus", "nccl", "expected"), [
+    (1, 0, True, "gloo"),    # no GPU
+    (1, 1, True, "nccl"),    # one rank, one GPU
+    (2, 1, True, "gloo"),    # two ranks cannot share one GPU under NCCL
+    (2, 2, True, "nccl"),
+    (8, 4, True, "gloo"),
+    (2, 2, False, "gloo"),   # a build without NCCL
+])
+def test_choose_backend(ranks, gpus, nccl, expected):
+    assert devices.choose_backend(ranks, gpus=gpus, nccl_available=nccl) == expected
+
+
+def test_choose_backend_on_this_machine_and_the_override(monkeypatch):
+    assert devices.choose_backend(1) == ("nccl" if devices.gpu_count() and
+                                          torch.distributed.is_nccl_available() else "gloo")
+    monkeypatch.setenv(devices.BACKEND_VARIABLE, "gloo")
+    assert devices.choose_backend(1, gpus=8, nccl_available=True) == "gloo"
+    monkeypatch.setenv(devices.BACKEND_VARIABLE, "mpi")
+    with pytest.raises(ValueError, match="COURSE_BACKEND must be 'gloo' or 'nccl', got 'mpi'"):
+        devices.choose_backend(1)
+
+
+def test_device_for_and_init_kwargs():
+    assert devices.device_for("nccl", 3) == torch.device("cuda", 3)
+    assert devices.device_for("gloo", 3) == torch.device("cpu")
+    assert devices.init_kwargs("gloo", 0) == {}
+
+
+def test_rank_device_outside_a_group_is_the_cpu():
+    assert devices.rank_device() == torch.device("cpu")
+
+
+def test_local_rank_reads_the_environment(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert devices.local_rank() == 3
+    monkeypatch.delenv("LOCAL_RANK")
+    assert devices.local_rank() == 0
+
+
+@pytest.mark.parametrize(("gpus", "visible", "expected"), [
+    (1, "", [{"COURSE_BACKEND": "gloo"}] * 2),         # one GPU: two nodes would share it
+    (2, "", [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]),
+    (2, "4,5", [{"CUDA_VISIBLE_DEVICES": "4"}, {"CUDA_VISIBLE_DEVICES": "5"}]),
+    (0, "", [{"COURSE_BACKEND": "gloo"}] * 2),
+])
+def test_emulated_nodes_never_share_a_gpu(monkeypatch, gpus, visible, expected):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert [devices.emulated_node_env(n, 2, 1, gpus=gpus) for n in range(2)] == expected
+
+
+def test_emulated_nodes_with_two_ranks_each_get_two_gpus(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert [devices.emulated_node_env(n, 2, 2, gpus=4) for n in range(2)] == [
+        {"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}]
+    assert devices.emulated_node_env(1, 2, 2, gpus=3) == {"COURSE_BACKEND": "gloo"}
+
+
+@pytest.mark.parametrize(("strategies", "gpus", "nccl", "where", "expected"), [
+    (bench.STRATEGIES, 0, True, "auto", "cpu"),
+    (bench.STRATEGIES, 1, True, "auto", "cpu"),    # one GPU: dp and ddp_2 need two, so all on the CPU
+    (("single", "ddp_1"), 1, True, "auto", "gpu"),
+    (bench.STRATEGIES, 2, True, "auto", "gpu"),
+    (bench.STRATEGIES, 2, False, "auto", "cpu"),   # DDP on GPUs needs NCCL
+    (("single", "dp"), 2, False, "auto", "gpu"),   # ... DataParallel does not
+    (bench.STRATEGIES, 8, True, "cpu", "cpu"),
+])
+def test_strategy_placement_compares_like_with_like(strategies, gpus, nccl, where, expected):
+    assert bench.strategy_placement(strategies, 2, where, gpus=gpus, nccl=nccl) == expected
+
+
+def test_bench_figures_all_run_on_the_cpu_with_gloo(monkeypatch, capsys):
+    """make bench compares ranks with ranks: on a GPU machine too, every launch it makes is gloo."""
+    from course_utils import distributed
+
+    calls = []
+
+    def fake_launch(fn, world_size, *args, **kwargs):
+        calls.append((fn.__name__, kwargs))
+        if fn.__name__ == "_scaling_rank":
+            return [[1.0] * args[-1]] * world_size
+        if fn.__name__ == "_ring_rank":
+            return [{mb: (1.0, 1.0) for mb in args[0]}] * world_size
+        return list(range(world_size))
+
+    class FakeJob:
+        returncode, lines, log_lines = 0, [], []
+
+    def fake_torchrun(module, n, *script_args, **kwargs):
+        calls.append(("torchrun", kwargs))
+        return FakeJob()
+
+    monkeypatch.setattr(distributed, "launch", fake_launch)
+    monkeypatch.setattr(distributed, "torchrun", fake_torchrun)
+    monkeypatch.setattr(bench, "_dp_overhead", lambda *a: (1.0, 1.0))
+    bench.main(["--repeats", "5"])
+    assert calls and all(kw.get("backend") == "gloo" for name, kw in calls if name != "torchrun")
+    assert all(kw["env"] == {devices.BACKEND_VARIABLE: "gloo"} for name, kw in calls if name == "torchrun")
+    assert "every figure runs on the CPU with the gloo backend" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------- the audit
+
+
+def test_the_audit_flags_what_would_fail_under_nccl():
+    with devices.DeviceAudit(torch.device("cpu")) as audit:
+        model = nn.Linear(4, 2)
+        model(torch.randn(3, 4))
+    assert audit.violations == [
+        "Linear input: a (3, 4) torch.float32 tensor was never put on the rank's device",
+        "Linear parameter or buffer: a (2, 4) torch.float32 tensor was never put on the rank's device",
+        "Linear parameter or buffer: a (2,) torch.float32 tensor was never put on the rank's device",
+    ]
+
+
+def test_the_audit_accepts_placed_tensors_and_what_is_computed_from_them():
+    device = torch.device("cpu")
+    with devices.DeviceAudit(device) as audit:
+        model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)).to(device)
+        x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0)).to(device)
+        y = model(torch.cat([x, torch.ones(1, 4, device=device)]) * 2)
+        model[0](y.new_zeros(3, 4))
+        y.sum().backward()
+    assert audit.violations == []
+
+
+def test_the_audit_follows_a_tensor_through_operations():
+    with devices.DeviceAudit(torch.device("cpu")) as audit:
+        model = nn.Linear(4, 2).to("cpu")
+        model((torch.randn(3, 4) * 2)[1:])  # computed from an unplaced tensor: still unplaced
+    assert len(audit.violations) == 1 and audit.violations[0].startswith("Linear input: a (2, 4)")
+
+
+def _rank_functions() -> dict[str, object]:
+    """Every function of course_utils that takes (rank, world_size, ...): what launch runs."""
+    found = {}
+    for info in pkgutil.iter_modules(course_utils.__path__):
+        module = importlib.import_module(f"course_utils.{info.name}")
+        for name, fn in vars(module).items():
+            if inspect.isfunction(fn) and fn.__module__ == module.__name__:
+                params = list(inspect.signature(fn).parameters)
+                if params[:2] == ["rank", "world_size"]:
+                    found[f"{info.name}.{name}"] = fn
+    return found
+
+
+TINY = TrainConfig(data_size=16, global_batch_size=8, epochs=1)
+BERT = {"vocab": 32, "hidden": 16, "layers": 1, "heads": 2, "intermediate": 32, "max_len": 8}
+
+#: name -> (world size, arguments after rank and world_size), chosen so that nothing fails or
+#: hangs on purpose: the audit needs the function to finish.
+CASES = {
+    "bench._harness_rank single": (1, ("single", 16, 8, 2, 1)),
+    "bench._harness_rank dp": (1, ("dp", 16, 8, 2, 1)),
+    "bench._harness_rank parallel_criterion": (1, ("parallel_criterion", 16, 8, 2, 1)),
+    "bench._harness_rank ddp_2": (2, ("ddp_2", 16, 8, 2, 1)),
+    "bench._harness_rank ddp_2_amp": (2, ("ddp_2_amp", 16, 8, 2, 1)),
+    "bench._scaling_rank": (2, (16, 4, 1, 1)),
+    "bench._ring_rank": (2, ([1], 1)),
+    "bench._noop_rank": (2, ()),
+    "collectives.check_ring_all_reduce": (3, ([1, 7, 64],)),
+    "ddp_demos.hello": (2, ()),
+    "ddp_demos.all_reduce_sum": (2, ()),
+    "ddp_demos.raise_on_rank": (2, (99, "nobody raises")),
+    "ddp_demos.exit_abruptly": (2, (99,)),
+    "ddp_demos.block_in_collective": (2, (99,)),
+    "ddp_demos.unused_parameters": (2, (True, 2)),
+    "ddp_demos.batchnorm_under_ddp plain": (2, (False,)),
+    "ddp_demos.batchnorm_under_ddp sync": (2, (True,)),
+    "ddp_demos.torch_sync_batchnorm_on_cpu": (2, ()),
+    "ddp_demos.save_on_rank_0": (2, ("{tmp}/model.pt",)),
+    "ddp_demos.unpicklable_result": (2, ()),
+    "ddp_demos.ddp_buckets": (2, (0.25, 2)),
+    "ddp_demos.mismatched_all_reduce": (2, (True,)),
+    "ddp_train.train_ddp": (2, (TINY,)),
+    "memory._ddp_peak_rank": (2, (BERT, 2)),
+}
+#: Rank functions that cannot finish under the audit, and why that is safe.
+EXEMPT = {
+    "fault_demos.die_while_saving": "kills itself with SIGKILL mid-save by design; it calls no "
+                                    "module and no collective, so it has no device to get wrong",
+    "devices.audited": "the audit itself",
+}
+
+
+def test_every_rank_function_has_an_audit_case():
+    found = set(_rank_functions())
+    covered = {name.split(" ")[0] for name in CASES} | set(EXEMPT)
+    assert found - covered == set(), "rank functions without a device-audit case"
+    assert covered - found == set(), "audit cases for functions that are gone"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_rank_function_keeps_its_tensors_on_the_rank_device(case, tmp_path):
+    world_size, args = CASES[case]
+    fn = _rank_functions()[case.split(" ")[0]]
+    args = tuple(a.format(tmp=tmp_path) if isinstance(a, str) else a for a in args)
+    before = {p.pid for p in rank_processes()}
+    results = launch(devices.audited, world_size, fn, *args, echo=False, backend="gloo")
+    assert [r["device"] for r in results] == ["cpu"] * world_size
+    assert [r["violations"] for r in results] == [[]] * world_size
+    assert [p for p in rank_processes() if p.pid not in before] == []
