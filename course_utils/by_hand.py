@@ -109,9 +109,21 @@ def record_memory() -> Iterator[MemoryRecord]:
         _RECORD.reset(token)
 
 
-def _note(device: Any, category: str, tensors: Any) -> None:
+def _note(device: Any, category: str, tensors: Any, *, whole_storage: bool = False) -> None:
+    """Record ``tensors`` on ``device``; with ``whole_storage``, the memory they view, once each.
+
+    A chunk that ``torch.nn.parallel.scatter`` leaves on the source's own device is a view of the
+    whole source tensor, so that device holds the whole input: counting storages makes the real
+    path count what the simulated one counts.
+    """
     record = _RECORD.get()
-    if record is not None:
+    if record is None:
+        return
+    if whole_storage:
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                    for t in _tensors(tensors)}
+        record.add(device, category, sum(storages.values()))
+    else:
         record.add(device, category, sum(t.nbytes for t in _tensors(tensors)))
 
 
@@ -214,7 +226,7 @@ def scatter(inputs: Any, device_ids: Sequence[Any], dim: int = 0, *, strict: boo
     if not _is_sim(devices):
         result = torch.nn.parallel.scatter(inputs, [d.index for d in devices], dim)
         for device, part in zip(devices, result, strict=False):
-            _note(device, "inputs", part)
+            _note(device, "inputs", part, whole_storage=True)
         return result
 
     def scatter_map(obj: Any) -> list:
@@ -643,12 +655,13 @@ def time_steps(model: nn.Module, inputs: torch.Tensor, device_ids: Sequence[Any]
 
     devices = parse_devices(device_ids)
     repeats = check_positive_int("repeats", repeats)
-    sync = torch.cuda.synchronize if devices[0].type == "cuda" else (lambda: None)
+    cuda_devices = [d for d in devices if d.type == "cuda"]
     keys = ("scatter", "replicate", "parallel_apply", "gather", "single")
     samples: dict[str, list[float]] = {k: [] for k in keys}
 
     def tick() -> float:
-        sync()
+        for d in cuda_devices:  # every device's queued work, not only the current device's
+            torch.cuda.synchronize(d)
         return time.perf_counter()
 
     for _ in range(repeats + 1):  # the first round warms up and is dropped

@@ -26,14 +26,20 @@ __all__ = [
     "sync_header",
 ]
 
-SETUP_SOURCE = f'''# Set-up: in Colab, install the course's helpers; elsewhere this does nothing.
+SETUP_SOURCE = f'''# Set-up: in Colab, install the course's helpers at this notebook's version; elsewhere nothing.
 import sys
 
 if "google.colab" in sys.modules:
     import subprocess
 
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                    "git+https://github.com/{REPO}@{BRANCH}"], check=True)'''
+    url = "git+https://github.com/{REPO}@{BRANCH}"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", url],
+                          capture_output=True, text=True)
+    if done.returncode:  # say what to do, not a traceback
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        print(f"Could not install the course's helpers from {{url}} (pip: {{last}}); check that "
+              "this runtime can reach GitHub, or in a fork set REPO in course_utils/__init__.py, "
+              "then run this cell again.")'''
 
 _BADGE_RE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
 

@@ -1,3 +1,5 @@
+import sys
+
 import nbformat
 import pytest
 
@@ -79,3 +81,30 @@ def test_clean_metadata_drops_widget_state_and_timings(tmp_path):
 def test_missing_notebook_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no notebook at"):
         hygiene_problems(tmp_path / "nope.ipynb")
+
+
+@pytest.mark.parametrize("returncode", [0, 1])
+def test_the_setup_cell_installs_in_colab_and_explains_a_failure(monkeypatch, capsys, returncode):
+    """In Colab the set-up cell installs the helpers at the notebook's ref; a failed install ends
+    in one sentence saying what to do, not a CalledProcessError traceback."""
+    import subprocess
+    import types
+
+    from course_utils import BRANCH
+
+    calls = []
+
+    def fake_run(command, **kwargs):
+        calls.append(command)
+        return subprocess.CompletedProcess(command, returncode, "", "ERROR: network is unreachable")
+
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    exec(SETUP_SOURCE, {})
+    assert calls and calls[0][-1] == f"git+https://github.com/{REPO}@{BRANCH}"
+    out = capsys.readouterr().out
+    if returncode:
+        assert out.startswith("Could not install the course's helpers from git+https://github.com/")
+        assert "(pip: ERROR: network is unreachable)" in out and out.count("\n") == 1
+    else:
+        assert out == ""

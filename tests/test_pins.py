@@ -67,3 +67,45 @@ def test_installed_versions_match_the_pins(name):
     except PackageNotFoundError:
         pytest.fail(f"{name} is pinned but not installed: run `make install`")
     assert installed.split("+")[0] == requirement_pins()[name]
+
+
+#: The torch APIs the course calls that are newer than torch 2.0, with the release that added them.
+#: pyproject's floor must be at least the newest of these (Colab installs against it).
+TORCH_APIS = {
+    "torch.get_autocast_dtype": "2.4",          # course_utils.amp
+    "torch.amp.GradScaler": "2.3",              # GradScaler("cpu") in course_utils.amp
+    "torch.distributed.init_process_group(device_id)": "2.3",  # course_utils.devices.init_kwargs
+}
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:2])
+
+
+def _floor() -> str:
+    text = (ROOT / "pyproject.toml").read_text()
+    match = re.search(r'"torch>=([\d.]+)"', text)
+    assert match, "pyproject.toml must give torch a floor (torch>=X.Y)"
+    return match.group(1)
+
+
+def test_the_torch_floor_covers_every_api_the_course_calls():
+    import inspect
+
+    import torch
+    import torch.distributed as dist
+
+    assert callable(torch.get_autocast_dtype)
+    assert "device" in inspect.signature(torch.amp.GradScaler.__init__).parameters
+    assert "device_id" in inspect.signature(dist.init_process_group).parameters
+    newest = max(TORCH_APIS.values(), key=_version_tuple)
+    assert _version_tuple(_floor()) >= _version_tuple(newest), (
+        f"pyproject's torch floor {_floor()} is older than {newest}, which the course needs")
+    assert _version_tuple(torch.__version__) >= _version_tuple(_floor())
+
+
+def test_the_floor_is_not_older_than_the_code_uses():
+    """Every listed API is really called by the package, so the table cannot go stale silently."""
+    source = "\n".join(p.read_text() for p in (ROOT / "course_utils").glob("*.py"))
+    for api in ("get_autocast_dtype", "GradScaler(", "init_kwargs("):
+        assert api in source, f"{api} is no longer used: update TORCH_APIS"
