@@ -26,7 +26,7 @@ __all__ = [
     "sync_header",
 ]
 
-SETUP_SOURCE = f'''# Set-up: in Colab, install the course's helpers at this notebook's version; elsewhere nothing.
+SETUP_SOURCE = f'''# Set-up: in Colab, install the course's helpers (this notebook's version); else nothing.
 import sys
 
 if "google.colab" in sys.modules:
