@@ -39,10 +39,10 @@ __all__ = [
 
 
 def hello(rank: int, world_size: int) -> dict:
-    """Say who we are: the rank, the world size and the backend this process group uses."""
+    """Say who we are: the rank, the world size, the group's backend and this rank's device."""
     print(f"hello from rank {rank} of {world_size}")
     return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
-            "backend": dist.get_backend()}
+            "backend": dist.get_backend(), "device": str(rank_device())}
 
 
 def all_reduce_sum(rank: int, world_size: int) -> list[float]:
