@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit nbval stress execute lab lint bench clean
+.PHONY: help install test unit nbval stress execute lab lint bench gpu-check clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ lab: $(STAMP) ## Open the course in JupyterLab
 
 bench: $(STAMP) ## Print the performance figures (DDP scaling, ring vs gloo, launch vs torchrun, DP overhead)
 	$(BIN)/python -m course_utils.bench
+
+gpu-check: $(STAMP) ## On a GPU machine: the gpu tests and every notebook on the GPUs; writes gpu-check-report.md
+	$(BIN)/python -m course_utils.gpu_check
 
 lint: $(STAMP) ## ruff over the package, the tests and the notebooks
 	$(BIN)/python -m ruff check .

@@ -26,6 +26,7 @@ from course_utils import (
     distributed,
     env,
     fault_demos,
+    gpu_check,
     memory,
     models,
     nbtools,
@@ -206,6 +207,26 @@ CASES = [
      ValueError, 'stop_after and resume need a snapshot path'),
     ('fault_demos.die_while_saving', lambda: fault_demos.die_while_saving(0, 1, "x", "softly"),
      ValueError, "how must be 'atomic' or 'in place'"),
+    ('gpu_check.NotebookResult', lambda: gpu_check.NotebookResult("00.ipynb", True, -1.0),
+     ValueError, 'seconds must be a number >= 0'),
+    ('gpu_check.TestResult', lambda: gpu_check.TestResult("t", "xpassed"),
+     ValueError, "outcome must be one of ('passed', 'failed', 'e"),
+    ('gpu_check.allowed_skip', lambda: gpu_check.allowed_skip("t", 1),
+     TypeError, 'test must be a TestResult'),
+    ('gpu_check.allowed_skip gpus', lambda: gpu_check.allowed_skip(gpu_check.TestResult("t", "skipped"), -1),
+     ValueError, 'gpus must be an int >= 0'),
+    ('gpu_check.parse_junit', lambda: gpu_check.parse_junit("/nonexistent/junit.xml"),
+     FileNotFoundError, 'no JUnit XML at /nonexistent/junit.xml'),
+    ('gpu_check.render_report', lambda: gpu_check.render_report({"torch": "2.13.0"}, [], []),
+     ValueError, "env lacks ['devices', 'cuda', 'nccl', 'tf32']"),
+    ('gpu_check.run_gpu_tests', lambda: gpu_check.run_gpu_tests("/nonexistent"),
+     FileNotFoundError, 'no tests/ folder in /nonexistent'),
+    ('gpu_check.run_gpu_tests timeout', lambda: gpu_check.run_gpu_tests(gpu_check.ROOT, timeout_s=0),
+     ValueError, 'timeout_s must be a number of seconds > 0'),
+    ('gpu_check.run_notebook', lambda: gpu_check.run_notebook("missing.ipynb"),
+     FileNotFoundError, 'no notebook at missing.ipynb'),
+    ('gpu_check.verdict', lambda: gpu_check.verdict(["00.ipynb"], [], 0),
+     TypeError, 'notebooks must be a list of NotebookResult'),
     ('memory.ledger strategy', lambda: memory.ledger(memory_spec(), "zero", batch_size=4, num_devices=2),
      ValueError, "strategy must be one of ('dp', 'parallel_crit"),
     ('memory.ledger batch', lambda: memory.ledger(memory_spec(), "dp", batch_size=0, num_devices=2),
@@ -302,9 +323,9 @@ def test_every_public_callable_has_a_bad_input_case():
         *(f"ddp_demos.{n}" for n in importlib.import_module("course_utils.ddp_demos").__all__),
         "ddp_train.train_ddp", "collectives.ring_all_reduce", "memory.cuda_peak_bytes",
         # command-line entry points: argparse (test below)
-        "ddp_train.main", "bench.main",
+        "ddp_train.main", "bench.main", "gpu_check.main",
         # no arguments, or plain records
-        "bench.machine_description", "env.device_report", "fault_demos.demo_model", "env.in_colab", "distributed.free_port",
+        "bench.machine_description", "env.device_report", "gpu_check.environment", "fault_demos.demo_model", "env.in_colab", "distributed.free_port",
         "by_hand.record_memory", "distributed.rank_print", "distributed.LaunchTimeout",
         "distributed.RankError", "distributed.TorchrunResult", "by_hand.Equivalence",
         "by_hand.MemoryRecord", "by_hand.SimDevice", "env.DeviceReport", "memory.Ledger",
@@ -330,7 +351,8 @@ def test_every_public_callable_has_a_bad_input_case():
     (ddp_train.main, ["--out", "p.pt", "--epochs", "two"], "argument --epochs: invalid int value: 'two'"),
     (ddp_train.main, ["--epochs", "2"], "the following arguments are required: --out"),
     (bench.main, ["--no-such-option"], "unrecognized arguments: --no-such-option"),
-], ids=["ddp_train-type", "ddp_train-missing", "bench-unknown"])
+    (gpu_check.main, ["--timeout", "0"], "--timeout and --tests-timeout must be numbers of seconds > 0"),
+], ids=["ddp_train-type", "ddp_train-missing", "bench-unknown", "gpu_check-timeout"])
 def test_command_lines_refuse_bad_arguments_with_usage(main, argv, message, capsys):
     with pytest.raises(SystemExit) as info:
         main(argv)
