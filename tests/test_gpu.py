@@ -284,7 +284,8 @@ def on_gloo(fn, *args):
 
 #: name: (demo, its arguments ("PATH" is a fresh file), what it must return, the tolerance)
 DEMOS = {
-    "hello": (ddp_demos.hello, (), lambda: {"rank": 0, "world_size": 1, "backend": "nccl"}, FP32),
+    "hello": (ddp_demos.hello, (), lambda: {"rank": 0, "world_size": 1, "backend": "nccl",
+                                            "device": "cuda:0"}, FP32),
     "all_reduce_sum": (ddp_demos.all_reduce_sum, (), lambda: [1.0], FP32),
     "ddp_buckets": (ddp_demos.ddp_buckets, (0.25,), on_gloo(ddp_demos.ddp_buckets, 0.25), FP32),
     "save_on_rank_0": (ddp_demos.save_on_rank_0, ("PATH",), lambda: {
