@@ -344,3 +344,19 @@ def test_wrapper_tolerates_small_batches_like_nn_data_parallel():
     assert model(torch.randn(2, 3)).shape == (2, 1)
     single = DataParallelByHand(nn.Linear(3, 1), sim_devices(1))
     assert single(torch.randn(2, 3)).shape == (2, 1)
+
+
+def test_record_memory_counts_what_a_device_holds_alike_on_both_paths():
+    """A real scatter leaves a view of the whole input on the source device: counting storages
+    (as the real path does) gives what the simulated path records, the whole input."""
+    from course_utils.by_hand import _note, record_memory
+
+    x = torch.randn(8, 4)
+    chunks = x.chunk(2)
+    with record_memory() as record:
+        _note("cuda:0", "inputs", chunks[0], whole_storage=True)   # a view: the whole input
+        _note("cuda:1", "inputs", chunks[1].clone(), whole_storage=True)
+    with record_memory() as simulated:
+        scatter(x, sim_devices(2))
+    assert record.bytes("cuda:0", "inputs") == x.nbytes == simulated.bytes("sim:0", "inputs")
+    assert record.bytes("cuda:1", "inputs") == x.nbytes // 2 == simulated.bytes("sim:1", "inputs")

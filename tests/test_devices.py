@@ -226,3 +226,12 @@ def test_every_rank_function_keeps_its_tensors_on_the_rank_device(case, tmp_path
     assert [r["device"] for r in results] == ["cpu"] * world_size
     assert [r["violations"] for r in results] == [[]] * world_size
     assert [p for p in rank_processes() if p.pid not in before] == []
+
+
+def test_under_nccl_a_rank_binds_its_gpu_before_cuda_work_and_tells_the_group(monkeypatch):
+    """init_kwargs makes cuda:LOCAL_RANK current and passes device_id, so that NCCL's barrier()
+    knows its device (no "using the device under current context" warning in stored outputs)."""
+    bound = []
+    monkeypatch.setattr(torch.cuda, "set_device", bound.append)
+    assert devices.init_kwargs("nccl", 1) == {"device_id": torch.device("cuda", 1)}
+    assert bound == [torch.device("cuda", 1)]
