@@ -38,9 +38,12 @@ def _write(path: Path, record: tuple) -> None:
     try:
         data = cloudpickle.dumps(record)
     except Exception as err:  # the return value cannot be sent back
+        kind = type(record[1])
+        name = kind.__qualname__
+        if kind.__module__ != "builtins":
+            name = f"{kind.__module__}.{name}"
         data = pickle.dumps(("error", "TypeError",
-                             f"the return value of rank {os.environ.get('RANK')} (a "
-                             f"{type(record[1]).__module__}.{type(record[1]).__qualname__}) cannot "
+                             f"the return value of rank {os.environ.get('RANK')} (a {name}) cannot "
                              f"be sent back (it must be picklable): {err}", "", time.time()))
     tmp.write_bytes(data)
     os.replace(tmp, path)
