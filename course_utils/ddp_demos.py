@@ -1,6 +1,7 @@
 """Small functions that notebook 05 runs on several ranks with ``distributed.launch``.
 
-They live here, not in the notebook, because every rank is a fresh process that must import them.
+They live here so that the notebook and the tests share them (``launch`` also runs a function
+defined in a notebook cell: it sends it to the ranks by value).
 Each takes ``(rank, world_size, ...)``, runs inside an initialised process group, and returns what
 the notebook prints or asserts. Each computes on ``rank_device()``: the CPU under gloo,
 ``cuda:LOCAL_RANK`` under NCCL, so the same lessons run on GPUs (tensors and models are put there,
@@ -200,8 +201,10 @@ def save_on_rank_0(rank: int, world_size: int, path: str) -> dict:
 
 
 def unpicklable_result(rank: int, world_size: int):
-    """Returns something that cannot travel back to the launcher (a lambda)."""
-    return lambda: rank
+    """Returns something that cannot travel back to the launcher (a lock; a lambda now can)."""
+    import threading
+
+    return threading.Lock()
 
 
 def ddp_buckets(rank: int, world_size: int, bucket_cap_mb: float, iterations: int = 2) -> list[list[dict]]:

@@ -2,13 +2,20 @@
 
 ``launch(fn, world_size, *args)`` starts ``world_size`` fresh Python processes, sets up a process
 group in each (gloo on the CPU, NCCL when every rank can have its own GPU), runs
-``fn(rank, world_size, *args)`` and returns the ranks' return values in rank order.
+``fn(rank, world_size, *args)`` and returns the ranks' return values in rank order. With
+``init=False`` it sets up no group: each rank gets torchrun's environment (``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``...) and ``fn`` calls ``init_process_group``
+itself, as the PyTorch DDP tutorial's ``demo_basic`` and every torchrun script do.
 
 What it takes care of, because a notebook cannot:
 
-- **Importable workers.** A rank never comes from forking the kernel (fork after torch compute
-  can deadlock), and it cannot find a notebook's functions: ``fn`` must live in a module;
-  ``launch`` says so at once if it does not.
+- **Functions from anywhere.** A rank never comes from forking the kernel (fork after torch
+  compute can deadlock). ``fn`` and ``args`` travel to the ranks with ``cloudpickle``: a function
+  defined in a notebook cell, a script's ``__main__``, or inside another function (a closure, a
+  lambda) is sent *by value*, with the globals and closure variables it uses; a function that can
+  be imported by name (``course_utils.ddp_demos.hello``) is sent by reference, as plain pickle
+  does. What cannot travel (an open file, a lock, a socket, a generator, a GPU tensor) is named
+  in a ``TypeError`` before any rank starts.
 - **Fast starts.** A fresh interpreter spends about 1.2 s importing torch, and DDP's first
   construction about 1.5 s more importing ``torch._dynamo``. On Linux machines without a GPU,
   ranks are therefore forked from a *fork server*: a clean process that ``multiprocessing``
@@ -20,9 +27,10 @@ What it takes care of, because a notebook cannot:
   closes it when the launch ends.
 - **Failures reach you.** If a rank raises, ``launch`` stops the other ranks and raises
   :class:`RankError` with that rank's traceback and output. If the ranks do not finish within
-  ``timeout_s`` (a rank stuck in a collective, say), it stops them all and raises
-  :class:`LaunchTimeout`. Every rank runs in its own process session, which is killed as a
-  whole, so nothing is left behind.
+  ``timeout_s`` (a rank stuck in a collective, say), it asks each stuck rank where it is (a
+  ``faulthandler`` dump of its Python stack), stops them all and raises :class:`LaunchTimeout`
+  with those stacks. Every rank runs in its own process session, which is killed as a whole, so
+  nothing is left behind.
 - **Deterministic output.** Each rank's stdout and stderr (C++ messages included) go to a file;
   the lines are printed afterwards, rank by rank, so nbval can compare them.
 """
@@ -30,7 +38,10 @@ What it takes care of, because a notebook cannot:
 from __future__ import annotations
 
 import datetime
-import importlib
+import functools
+import inspect
+import io
+import linecache
 import multiprocessing
 import os
 import pickle
@@ -41,11 +52,15 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import cloudpickle
 
 from . import _rank
 from ._checks import check_positive_int
@@ -88,7 +103,15 @@ class RankError(RuntimeError):
 
 
 class LaunchTimeout(TimeoutError):
-    """The ranks did not all finish within the launch's ``timeout_s``; they were stopped."""
+    """The ranks did not all finish within the launch's ``timeout_s``; they were stopped.
+
+    ``stacks`` maps each stuck rank to the lines of its Python stack at the timeout (most recent
+    call last), when ``launch(..., stacks=True)`` could get them; it is empty otherwise.
+    """
+
+    def __init__(self, message: str, stacks: dict[int, list[str]] | None = None) -> None:
+        super().__init__(message)
+        self.stacks = stacks or {}
 
 
 def free_port() -> int:
@@ -147,34 +170,125 @@ def rank_print(*values: Any, rank: int | None = None, only_rank: int | None = No
     print(*values, flush=True)
 
 
-def _check_importable(fn: Callable) -> None:
+def _check_callable(fn: Any) -> None:
     if not callable(fn):
-        raise TypeError(f"fn must be a function, got {type(fn).__name__}")
-    module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", "")
-    hint = ("Each rank is a fresh Python process that imports fn by name, so fn must be defined "
-            "at the top level of an importable module (course_utils holds the course's), not in "
-            "a notebook cell or inside another function.")
-    if module in (None, "__main__") or "<" in qualname:
-        where = module or "no module"
-        if "<" in qualname:
-            where += " (as a local function or lambda)"
-        raise TypeError(f"cannot send {getattr(fn, '__name__', fn)!r} to other processes: it is "
-                        f"defined in {where}. " + hint)
+        raise TypeError(f"fn must be a function (or another callable), got {type(fn).__name__}")
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, refusing open files (cloudpickle would send a copy of what a file opened for
+    reading holds) and tensors that live on a device (a rank cannot use this process's)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if (isinstance(obj, io.IOBase) and not isinstance(obj, (io.StringIO, io.BytesIO))
+                and obj not in (sys.stdout, sys.stderr, sys.stdin)):
+            name = getattr(obj, "name", None)
+            raise TypeError(f"an open file{f' ({name!r})' if name is not None else ''} cannot be "
+                            f"sent to other processes: pass its path and open it in fn")
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
+            raise TypeError(f"a tensor on {obj.device} cannot be sent to other processes: pass it "
+                            f"on the CPU (.cpu()) and let each rank move it to its own device")
+        return super().reducer_override(obj)
+
+
+def _dumps(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
+def _pickle_error(obj: Any) -> Exception | None:
     try:
-        found: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError):
-        found = None
-    if found is not fn:
-        raise TypeError(f"cannot find {module}.{qualname} by importing it. " + hint)
+        _dumps(obj)
+    except Exception as err:  # noqa: BLE001 - any failure means it cannot travel
+        return err
+    return None
+
+
+def _global_names(code: types.CodeType) -> Iterator[str]:
+    """The global names ``code`` may read, nested code (lambdas, comprehensions) included."""
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _global_names(const)
+
+
+def _parts(obj: Any) -> list[tuple[str, Any]]:
+    """What a function sent by value carries along, each with a name a reader can find."""
+    if isinstance(obj, functools.partial):
+        return [("wrapped function", obj.func),
+                *((f"bound argument {i}", a) for i, a in enumerate(obj.args)),
+                *((f"bound keyword {k!r}", v) for k, v in obj.keywords.items())]
+    if inspect.ismethod(obj):
+        return [("object (self)", obj.__self__), ("function", obj.__func__)]
+    if not inspect.isfunction(obj):
+        return []
+    parts = []
+    for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or (), strict=False):
+        try:
+            parts.append((f"closure variable {name!r}", cell.cell_contents))
+        except ValueError:  # an empty cell: a variable not yet assigned
+            pass
+    seen = set()
+    for name in _global_names(obj.__code__):
+        if name in obj.__globals__ and name not in seen:
+            seen.add(name)
+            parts.append((f"global {name!r}", obj.__globals__[name]))
+    defaults = inspect.signature(obj).parameters.values() if obj.__defaults__ or obj.__kwdefaults__ else ()
+    for parameter in defaults:
+        if parameter.default is not inspect.Parameter.empty:
+            parts.append((f"default of parameter {parameter.name!r}", parameter.default))
+    return parts
+
+
+def _type_name(obj: Any) -> str:
+    kind = type(obj)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _culprit(obj: Any, err: Exception, depth: int = 0) -> tuple[list[str], Any, Exception]:
+    """Follow what ``obj`` carries down to the innermost piece that cannot be pickled."""
+    if depth < 5:
+        for name, part in _parts(obj):
+            part_err = _pickle_error(part)
+            if part_err is not None:
+                path, found, found_err = _culprit(part, part_err, depth + 1)
+                return [name, *path], found, found_err
+    return [], obj, err
+
+
+def _serialise_call(fn: Callable, args: tuple) -> bytes:
+    """``(fn, args)`` as cloudpickle bytes, or a TypeError that names what cannot travel."""
+    try:
+        return _dumps((fn, args))
+    except Exception as err:  # noqa: BLE001 - explained below
+        first_err = err
+    hint = ("Each rank is a separate process: create open files, locks, sockets, generators and "
+            "GPU tensors inside fn, and pass plain data (paths, numbers, CPU tensors) instead.")
+    fn_err = _pickle_error(fn)
+    if fn_err is not None:
+        what = f"fn {getattr(fn, '__qualname__', None) or _type_name(fn)!r}"
+        path, found, found_err = _culprit(fn, fn_err)
+        where = ("its " + ", whose ".join(path)) if path else what
+    else:
+        what = "the arguments for fn"
+        for i, arg in enumerate(args):
+            arg_err = _pickle_error(arg)
+            if arg_err is not None:
+                path, found, found_err = _culprit(arg, arg_err)
+                where = ", whose ".join([f"args[{i}]", *path])
+                break
+        else:  # each piece travels, the whole does not (pickle's own limits): say what it said
+            found, found_err, where = (fn, args), first_err, "the call"
+    raise TypeError(f"cannot send {what} to the ranks: {where} is a {_type_name(found)}, which "
+                    f"cannot be pickled ({found_err}). {hint}") from None
 
 
 #: What the fork server imports once, so that a forked rank need not: torch, c10d, and what
 #: DDP's first construction imports lazily (torch._dynamo, about 1.5 s on its own).
-_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel",
-            "course_utils._rank"]
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "cloudpickle",
+            "course_utils._rank", "course_utils.distributed"]
 
 
 def _use_forkserver(start: str, backend: str) -> bool:
@@ -186,8 +300,8 @@ def _use_forkserver(start: str, backend: str) -> bool:
                          "start='subprocess'")
     if start != "auto":
         return start == "forkserver"
-    # A fork-server child re-imports a __main__ that is a script run by path (as spawn does);
-    # a kernel (python -m ipykernel_launcher), pytest, python -m and the REPL are safe.
+    # A script run by path keeps fresh interpreters under "auto", as it always has (ranks no
+    # longer re-import it, see _RankPopen, so start="forkserver" suits it as well).
     main = sys.modules.get("__main__")
     main_is_safe = getattr(main, "__spec__", None) is not None or not hasattr(main, "__file__")
     # With a GPU, ranks keep fresh interpreters: a forked process can use CUDA only if the server
@@ -211,6 +325,51 @@ def _forkserver_context() -> Any:
     """
     multiprocessing.set_forkserver_preload(_PRELOAD)
     return multiprocessing.get_context("forkserver")
+
+
+_PREPARING = threading.Lock()
+
+try:  # the fork server exists on POSIX systems only
+    from multiprocessing import context as _mp_context
+    from multiprocessing import popen_forkserver as _popen_forkserver
+    from multiprocessing import spawn as _spawn
+except ImportError:  # pragma: no cover - Windows
+    _RankProcess: Any = None
+else:
+    class _RankPopen(_popen_forkserver.Popen):
+        """Starts a fork-server child that does not re-import ``__main__``.
+
+        multiprocessing's children import the parent's ``__main__`` again (a script run by path
+        runs once more, as ``__mp_main__``; a kernel imports ``ipykernel_launcher``), so that
+        functions pickled by reference from ``__main__`` can be found. A rank needs none of that:
+        ``fn`` comes by value in ``payload.pkl``, and the target is ``_rank.forked``. Leaving it
+        out lets a script without an ``if __name__ == "__main__":`` guard run once, and saves the
+        import. (The preparation data is built by ``spawn.get_preparation_data``; it is replaced
+        for the moment of the start.)
+        """
+
+        def _launch(self, process_obj: Any) -> None:
+            with _PREPARING:
+                prepare = _spawn.get_preparation_data
+
+                def without_main(name: str) -> dict:
+                    data = prepare(name)
+                    data.pop("init_main_from_path", None)
+                    data.pop("init_main_from_name", None)
+                    return data
+
+                _spawn.get_preparation_data = without_main
+                try:
+                    super()._launch(process_obj)
+                finally:
+                    _spawn.get_preparation_data = prepare
+
+    class _RankProcess(_mp_context.ForkServerProcess):  # type: ignore[no-redef]
+        """A fork-server ``Process`` started by :class:`_RankPopen`."""
+
+        @staticmethod
+        def _Popen(process_obj: Any) -> _RankPopen:
+            return _RankPopen(process_obj)
 
 
 class _Forked:
@@ -247,6 +406,11 @@ class _Rank:
     process: subprocess.Popen | _Forked
     log: Path
     result: Path
+
+    @property
+    def stack(self) -> Path:
+        """Where the rank's faulthandler writes its Python stack when it gets SIGUSR1."""
+        return self.log.with_suffix(".stack")
 
     def output(self, *, keep_logs: bool = False) -> list[str]:
         try:
@@ -346,36 +510,49 @@ def launch(
     *args: Any,
     timeout_s: float = 120.0,
     backend: str | None = None,
-    init: str = "store",
+    init: str | bool = "store",
     threads_per_rank: int = 1,
     echo: bool = True,
     start: str = "auto",
+    stacks: bool = True,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return their results in order.
 
+    ``fn`` may be defined anywhere, a notebook cell included: it is sent to the ranks with
+    ``cloudpickle`` (by value, with the globals and closure variables it uses, unless it can be
+    imported by name), and so are ``args``. What cannot be sent is named in a ``TypeError``
+    before any rank starts. Return values come back the same way.
+
     ``backend``: ``"gloo"`` or ``"nccl"``; by default NCCL when every rank can have its own GPU,
     else gloo. ``init`` is how the ranks meet: ``"store"`` (a TCPStore held by this process; the
-    robust default), ``"env"`` (``env://`` with ``MASTER_ADDR``/``MASTER_PORT``, as torchrun does)
-    or ``"tcp"`` (``tcp://127.0.0.1:PORT``, as in the seeds). Each rank uses
-    ``threads_per_rank`` CPU threads. With ``echo`` the ranks' printed lines are printed here,
-    rank by rank, each prefixed with ``[rank r]``.
+    robust default), ``"env"`` (``env://`` with ``MASTER_ADDR``/``MASTER_PORT``, as torchrun does),
+    ``"tcp"`` (``tcp://127.0.0.1:PORT``, as in the seeds), or ``False``: no group; ``fn`` calls
+    ``init_process_group`` itself, from torchrun's environment (``RANK``, ``LOCAL_RANK``,
+    ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and a free ``MASTER_PORT``)
+    or from its own address and port; a group it leaves open is destroyed after it returns. Each
+    rank uses ``threads_per_rank`` CPU threads. With ``echo`` the ranks' printed lines are printed
+    here, rank by rank, each prefixed with ``[rank r]``. With ``stacks``, a timeout reports where
+    each stuck rank was (its Python stack, from ``faulthandler``).
 
     ``start`` is how the rank processes start: ``"forkserver"`` (forked from a clean server that
     has imported torch once: fast), ``"subprocess"`` (a fresh interpreter per rank: about 1.2 s
-    more each) or ``"auto"``: the fork server on Linux when no GPU is visible, unless
-    ``__main__`` is a script run by path (a fork-server child re-imports that script, which then
-    needs an ``if __name__ == "__main__":`` guard); else subprocesses.
+    more each) or ``"auto"``: the fork server on Linux when no GPU is visible and ``__main__`` is
+    not a script run by path; else subprocesses.
     """
-    _check_importable(fn)
+    _check_callable(fn)
     world_size = check_positive_int("world_size", world_size)
     threads_per_rank = check_positive_int("threads_per_rank", threads_per_rank)
     _check_timeout(timeout_s)
-    if init not in ("store", "env", "tcp"):
-        raise ValueError(f"init must be 'store', 'env' or 'tcp', got {init!r}")
+    if not (init is False or (isinstance(init, str) and init in ("store", "env", "tcp"))):
+        raise ValueError(f"init must be 'store', 'env', 'tcp' or False (fn creates its own "
+                         f"process group), got {init!r}")
+    if not isinstance(stacks, bool):
+        raise TypeError(f"stacks must be True or False, got {stacks!r}")
     backend = choose_backend(world_size) if backend is None else backend
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     forkserver = _use_forkserver(start, backend)
+    call = _serialise_call(fn, args)  # before anything starts: what cannot travel is named here
 
     import torch.distributed as dist
 
@@ -389,14 +566,11 @@ def launch(
             port = store.port
         else:
             port = free_port()
-        payload = {"fn": fn, "args": args, "world_size": world_size, "backend": backend,
-                   "init": init, "port": port, "timeout_s": float(timeout_s) + 30.0,
-                   "threads": threads_per_rank}
-        try:
-            (workdir / "payload.pkl").write_bytes(pickle.dumps(payload))
-        except Exception as err:
-            raise TypeError(f"the arguments for fn cannot be sent to other processes "
-                            f"(they must be picklable): {err}") from None
+        # plain pickle around the cloudpickled call: a rank reads the settings and sys.path first
+        payload = {"call": call, "sys_path": list(sys.path), "world_size": world_size,
+                   "backend": backend, "init": init, "port": port,
+                   "timeout_s": float(timeout_s) + 30.0, "threads": threads_per_rank}
+        (workdir / "payload.pkl").write_bytes(pickle.dumps(payload))
         env_base = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads_per_rank),
                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                     "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size)}
@@ -406,8 +580,8 @@ def launch(
             env = {**env_base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
             process: subprocess.Popen | _Forked
             if context is not None:  # the rank opens its own log (rank{N}.log) once forked
-                forked = context.Process(target=_rank.forked, args=(str(workdir), rank, env),
-                                         name=f"course-rank-{rank}")
+                forked = _RankProcess(target=_rank.forked, args=(str(workdir), rank, env),
+                                      name=f"course-rank-{rank}")
                 forked.start()
                 process = _Forked(forked)
             else:
@@ -418,7 +592,7 @@ def launch(
                         start_new_session=True,
                     )
             ranks.append(_Rank(rank, process, log, result))
-        return _wait(ranks, float(timeout_s), echo)
+        return _wait(ranks, float(timeout_s), echo, stacks)
     finally:
         _stop(ranks)
         for r in ranks:
@@ -428,7 +602,7 @@ def launch(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _wait(ranks: list[_Rank], timeout_s: float, echo: bool) -> list[Any]:
+def _wait(ranks: list[_Rank], timeout_s: float, echo: bool, stacks: bool) -> list[Any]:
     deadline = time.monotonic() + timeout_s
     results: dict[int, tuple] = {}
     exited_at: dict[int, float] = {}
@@ -472,23 +646,89 @@ def _wait(ranks: list[_Rank], timeout_s: float, echo: bool) -> list[Any]:
                 break
         if time.monotonic() > deadline:
             done = sorted(results)
-            waiting = [r.rank for r in ranks if r.rank not in results]
-            outputs = "\n".join(f"--- last output of rank {r.rank} ---\n"
-                                + ("\n".join(r.output(keep_logs=True)[-10:]) or "(nothing)")
-                                for r in ranks if r.rank in waiting)
+            stuck = [r for r in ranks if r.rank not in results]
+            where = _stacks(stuck) if stacks else {}
+            reports = []
+            for r in stuck:
+                if r.rank in where:
+                    reports.append(f"--- where rank {r.rank} was (most recent call last) ---\n"
+                                   + ("\n".join(where[r.rank]) or "(no Python frame)"))
+                reports.append(f"--- last output of rank {r.rank} ---\n"
+                               + ("\n".join(r.output(keep_logs=True)[-10:]) or "(nothing)"))
             _stop(ranks)
             raise LaunchTimeout(
-                f"the ranks did not finish within {timeout_s:g} s: rank(s) {waiting} were still "
-                f"running (finished: {done or 'none'}). All ranks were stopped. A rank that waits "
-                f"in a collective its peers never call blocks forever; check that every rank "
-                f"makes the same collective calls in the same order.\n{outputs}"
-            )
+                f"the ranks did not finish within {timeout_s:g} s: rank(s) "
+                f"{[r.rank for r in stuck]} were still running (finished: {done or 'none'}). All "
+                f"ranks were stopped. A rank that waits in a collective its peers never call "
+                f"blocks forever; check that every rank makes the same collective calls in the "
+                f"same order.\n" + "\n".join(reports), where)
         time.sleep(0.02)
     if echo:
         for r in ranks:
             for line in r.output():
                 print(f"[rank {r.rank}] {line}")
     return [results[r.rank][1] for r in ranks]
+
+
+def _stacks(stuck: list[_Rank], wait_s: float = 2.0) -> dict[int, list[str]]:
+    """Ask each stuck rank for its Python stack (SIGUSR1: faulthandler writes it), briefly."""
+    if not hasattr(signal, "SIGUSR1"):  # pragma: no cover - Windows
+        return {}
+    asked = []
+    for r in stuck:
+        if r.process.poll() is None:
+            try:
+                os.kill(r.process.pid, signal.SIGUSR1)
+                asked.append(r)
+            except (ProcessLookupError, PermissionError):
+                pass
+    deadline = time.monotonic() + wait_s
+    sizes: dict[int, int] = {}
+    while asked and time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = {r.rank: r.stack.stat().st_size if r.stack.exists() else 0 for r in asked}
+        if all(now.values()) and now == sizes:  # every dump written, and none still growing
+            break
+        sizes = now
+    found = {}
+    for r in asked:
+        try:
+            found[r.rank] = _format_stack(r.stack.read_text(errors="replace"))
+        except FileNotFoundError:
+            pass
+    return found
+
+
+_FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
+
+
+def _format_stack(dump: str) -> list[str]:
+    """A faulthandler dump as traceback lines: most recent call last, with the source lines,
+    without the launcher's own frames (``_rank.run`` and what calls it)."""
+    threads: list[list[tuple[str, int, str]]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Current thread", "Thread", "Stack")):
+            threads.append([])
+        elif threads and (match := _FRAME.match(line)):
+            threads[-1].append((match.group(1), int(match.group(2)), match.group(3)))
+    rank_file = os.path.normcase(os.path.abspath(_rank.__file__))
+    lines = []
+    for frames in threads:  # each thread's frames: most recent call first
+        own = [i for i, (path, _, _) in enumerate(frames)
+               if os.path.normcase(os.path.abspath(path)) == rank_file]
+        # fn's frames and what they call; or, when fn has returned, where the launcher's rank
+        # code waits (tearing down the group, say)
+        mine = (frames[:own[0]] or frames[own[0]:own[0] + 1]) if own else frames
+        if not mine:
+            continue
+        if not own:
+            lines.append("  (another thread)")
+        for path, number, name in reversed(mine):
+            lines.append(f'  File "{path}", line {number}, in {name}')
+            source = linecache.getline(path, number).strip()
+            if source:
+                lines.append(f"    {source}")
+    return lines
 
 
 @dataclass

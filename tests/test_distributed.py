@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import types
 
@@ -70,11 +71,26 @@ def test_a_rank_that_dies_without_an_exception_is_reported(start):
 
 
 @STARTS
-def test_a_hanging_rank_is_stopped_at_the_timeout(start):
+def test_a_hanging_rank_is_stopped_at_the_timeout_and_says_where_it_waits(start):
+    timeout_s = 4 if start == "forkserver" else 8  # fresh interpreters: time to reach the hang
     began = time.monotonic()
-    with pytest.raises(LaunchTimeout, match=r"did not finish within 4 s: rank\(s\) \[0, 1\]"):
-        launch(ddp_demos.block_in_collective, 2, 1, timeout_s=4, start=start)
-    assert time.monotonic() - began < 4 + 15
+    stuck = rf"did not finish within {timeout_s} s: rank\(s\) \[0, 1\]"
+    with pytest.raises(LaunchTimeout, match=stuck) as info:
+        launch(ddp_demos.block_in_collective, 2, 1, timeout_s=timeout_s, start=start)
+    assert time.monotonic() - began < timeout_s + 15
+    message, stacks = str(info.value), info.value.stacks
+    # rank 0 waits in the all_reduce that rank 1, asleep, never joins: each stack says so
+    assert "--- where rank 0 was (most recent call last) ---" in message
+    assert "in block_in_collective\n    dist.all_reduce(t)" in "\n".join(stacks[0])
+    assert stacks[0][-2].endswith("in all_reduce")  # the innermost Python frame: c10d's
+    assert stacks[1][-1] == "    time.sleep(3600)" and stacks[1][-2].endswith("in block_in_collective")
+    assert "_rank.py" not in message  # the launcher's own frames are left out
+
+
+def test_stacks_can_be_left_out_of_a_timeout():
+    with pytest.raises(LaunchTimeout) as info:
+        launch(ddp_demos.block_in_collective, 2, 1, timeout_s=2, stacks=False)
+    assert info.value.stacks == {} and "where rank" not in str(info.value)
 
 
 def test_repeated_launches_leave_no_port_or_process_group_behind():
@@ -94,27 +110,30 @@ def local_function(rank, world_size):
     return rank
 
 
-@pytest.mark.parametrize("fn, message", [
-    (lambda rank, world_size: rank, "local function or lambda"),
-    (functools.partial(ddp_demos.hello), "cannot find"),
-    ("hello", "fn must be a function"),
-])
-def test_functions_that_cannot_reach_other_processes(fn, message):
-    with pytest.raises(TypeError, match=message):
-        launch(fn, 2)
+@pytest.mark.parametrize("fn", [lambda rank, world_size: rank, functools.partial(local_function)],
+                         ids=["lambda", "partial"])
+def test_lambdas_and_partials_reach_the_ranks(fn):
+    assert launch(fn, 2, echo=False) == [0, 1]
 
 
-def test_function_defined_in_main_is_refused(monkeypatch):
-    monkeypatch.setattr(local_function, "__module__", "__main__")
-    with pytest.raises(TypeError, match="defined in __main__.*importable module"):
-        launch(local_function, 2)
+def test_fn_must_be_callable():
+    with pytest.raises(TypeError, match="fn must be a function"):
+        launch("hello", 2)
+
+
+def test_a_function_defined_in_main_is_sent_by_value(monkeypatch):
+    monkeypatch.setattr(local_function, "__module__", "__main__")  # as if defined in a notebook
+    assert launch(local_function, 2, echo=False) == [0, 1]
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"world_size": 0}, ValueError, "world_size"),
     ({"world_size": 2.0}, TypeError, "world_size"),
     ({"timeout_s": 0}, ValueError, "timeout_s"),
-    ({"init": "file"}, ValueError, "init must be"),
+    ({"init": "file"}, ValueError, "init must be 'store', 'env', 'tcp' or False"),
+    ({"init": True}, ValueError, "init must be 'store', 'env', 'tcp' or False"),
+    ({"init": 0}, ValueError, "init must be 'store', 'env', 'tcp' or False"),
+    ({"stacks": "yes"}, TypeError, "stacks must be True or False"),
     ({"backend": "mpi"}, ValueError, "backend must be"),
     ({"threads_per_rank": 0}, ValueError, "threads_per_rank"),
     ({"start": "fork"}, ValueError, "start must be 'auto', 'forkserver' or 'subprocess'"),
@@ -207,9 +226,10 @@ def test_a_fork_server_started_by_someone_else_works_and_ends_with_its_parent():
 
 
 def test_unpicklable_arguments_and_results():
-    with pytest.raises(TypeError, match="must be picklable"):
-        launch(ddp_demos.raise_on_rank, 2, 0, lambda: None)
-    with pytest.raises(RankError, match="cannot be sent back"):
+    with pytest.raises(TypeError, match=r"args\[1\] is a _thread.lock, which cannot be pickled"):
+        launch(ddp_demos.raise_on_rank, 2, 0, threading.Lock())
+    with pytest.raises(RankError, match=r"the return value of rank \d \(a _thread.lock\) cannot be "
+                                        r"sent back \(it must be picklable\)"):
         launch(ddp_demos.unpicklable_result, 2)
 
 
