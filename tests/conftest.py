@@ -6,6 +6,7 @@ Unit tests that plot select the Agg backend themselves.
 """
 
 import psutil
+import pytest
 
 #: multiprocessing's helper processes, which live as long as the process that started them: the
 #: fork server that `launch` forks ranks from, and its resource tracker.
@@ -29,3 +30,12 @@ def rank_processes() -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             pass
     return found
+
+
+@pytest.fixture
+def nothing_left_behind():
+    """Fails the test if it leaves a rank process (or any other child) running."""
+    before = {p.pid for p in rank_processes()}
+    yield
+    leftover = [p for p in rank_processes() if p.pid not in before]
+    assert leftover == [], f"processes left behind: {leftover}"

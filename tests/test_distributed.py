@@ -12,7 +12,6 @@ import types
 import psutil
 import pytest
 import torch
-from conftest import rank_processes
 
 from course_utils import ddp_demos
 from course_utils.collectives import check_ring_all_reduce, chunk_bounds, ring_bytes_per_rank
@@ -26,13 +25,7 @@ from course_utils.distributed import (
     torchrun,
 )
 
-
-@pytest.fixture(autouse=True)
-def nothing_left_behind():
-    before = {p.pid for p in rank_processes()}
-    yield
-    leftover = [p for p in rank_processes() if p.pid not in before]
-    assert leftover == [], f"processes left behind: {leftover}"
+pytestmark = pytest.mark.usefixtures("nothing_left_behind")
 
 
 STARTS = pytest.mark.parametrize("start", ["forkserver", "subprocess"])

@@ -16,20 +16,13 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import rank_processes
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_utils import distributed
 from course_utils.distributed import LaunchTimeout, RankError, free_port, launch
 
-
-@pytest.fixture(autouse=True)
-def nothing_left_behind():
-    before = {p.pid for p in rank_processes()}
-    yield
-    leftover = [p for p in rank_processes() if p.pid not in before]
-    assert leftover == [], f"processes left behind: {leftover}"
+pytestmark = pytest.mark.usefixtures("nothing_left_behind")
 
 
 STARTS = pytest.mark.parametrize("start", ["forkserver", "subprocess"])
