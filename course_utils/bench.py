@@ -119,9 +119,10 @@ def _harness_rank(rank: int, world_size: int, strategy: str, width: int, global_
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .amp import autocast, grad_scaler
-    from .by_hand import DataParallelByHand, sim_devices
+    from .by_hand import DataParallelByHand
     from .devices import rank_device
     from .parallel_criterion import DataParallelCriterion, DataParallelModel
+    from .simulated import sim_devices
 
     device = rank_device()
     on_gpu = device.type == "cuda"
@@ -334,7 +335,8 @@ def _noop_rank(rank: int, world_size: int) -> int:
 
 
 def _dp_overhead(width: int, rows: int, repeats: int) -> tuple[float, float]:
-    from .by_hand import data_parallel, sim_devices
+    from .by_hand import data_parallel
+    from .simulated import sim_devices
 
     model = _mlp(width)
     x = torch.randn(rows, width)
@@ -357,7 +359,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     import argparse
 
     from .devices import BACKEND_VARIABLE
-    from .distributed import launch, torchrun
+    from .distributed import launch
+    from .torchrun import torchrun
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="repeats per figure (>= 5)")

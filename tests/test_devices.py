@@ -98,6 +98,7 @@ def test_strategy_placement_compares_like_with_like(strategies, gpus, nccl, wher
 def test_bench_figures_all_run_on_the_cpu_with_gloo(monkeypatch, capsys):
     """make bench compares ranks with ranks: on a GPU machine too, every launch it makes is gloo."""
     from course_utils import distributed
+    from course_utils import torchrun as torchrun_module
 
     calls = []
 
@@ -117,7 +118,7 @@ def test_bench_figures_all_run_on_the_cpu_with_gloo(monkeypatch, capsys):
         return FakeJob()
 
     monkeypatch.setattr(distributed, "launch", fake_launch)
-    monkeypatch.setattr(distributed, "torchrun", fake_torchrun)
+    monkeypatch.setattr(torchrun_module, "torchrun", fake_torchrun)
     monkeypatch.setattr(bench, "_dp_overhead", lambda *a: (1.0, 1.0))
     bench.main(["--repeats", "5"])
     assert calls and all(kw.get("backend") == "gloo" for name, kw in calls if name != "torchrun")

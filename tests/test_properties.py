@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from course_utils.by_hand import gather, scatter, sim_devices
+from course_utils.by_hand import gather, scatter
 from course_utils.memory import CATEGORIES, STRATEGIES, ModelSpec, ledger
+from course_utils.simulated import sim_devices
 from course_utils.snapshots import load_snapshot, save_snapshot
 from course_utils.splits import epoch_splits, split_sizes
 

@@ -10,7 +10,8 @@ import psutil
 import pytest
 import torch
 
-from course_utils.distributed import _LOG_LINE, LaunchTimeout, TorchrunResult, torchrun, torchrun_nodes
+from course_utils.distributed import LaunchTimeout
+from course_utils.torchrun import TorchrunResult, is_log_line, torchrun, torchrun_nodes
 
 JOB = ["--epochs", "3", "--momentum", "0.9"]  # 12 steps of 2 ranks x 12 rows
 RESTARTS = ("--standalone", "--max-restarts=2", "--monitor-interval=0.2")
@@ -135,7 +136,7 @@ def test_agent_events_drop_timestamps_pids_and_racy_lines():
         "terminate called without an active exception",
     ]
     result = TorchrunResult(["torchrun"], 0, [], logs)
-    assert all(_LOG_LINE.match(line) for line in logs)  # none of them counts as a worker's line
+    assert all(is_log_line(line) for line in logs)  # none of them counts as a worker's line
     assert result.restarts == 1
     assert result.agent_events() == [
         "restart_count=0",

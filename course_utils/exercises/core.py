@@ -204,11 +204,13 @@ def progress(notebook: Any) -> None:
 
 
 def _execute(ex: Exercise, src: str, label: str) -> dict[str, Any]:
-    filename = f"<exercise {ex.key} {label}>"
-    lines = (ex.context + "\n" + src).splitlines(keepends=True)
-    linecache.cache[filename] = (len("".join(lines)), None, lines, filename)
+    """Run the context, then ``src``, as two cells of one notebook would run (compiled apart)."""
     namespace: dict[str, Any] = {"__name__": "__main__"}
-    exec(compile("".join(lines), filename, "exec"), namespace)  # noqa: S102 - the course's own sources
+    for part, text in (("context", ex.context), (label, src)):
+        filename = f"<exercise {ex.key} {part}>"
+        lines = text.splitlines(keepends=True)
+        linecache.cache[filename] = (len(text), None, lines, filename)
+        exec(compile(text, filename, "exec"), namespace)  # noqa: S102 - the course's own sources
     return namespace
 
 
