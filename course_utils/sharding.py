@@ -274,6 +274,14 @@ def api_rank(rank: int, world_size: int, steps: int = 3, rows: int = 12, lr: flo
         dist.barrier()
     del optimizer
 
+    kept = fsdp_model(reshard_after_forward=False)  # parameters stay gathered from forward to backward
+    optimizer = torch.optim.AdamW(kept.parameters(), lr=lr)
+    for x, y in batches:
+        optimizer.zero_grad()
+        nn.functional.mse_loss(kept(x), y).backward()
+        optimizer.step()
+    out["fsdp_kept"] = [p.full_tensor().cpu() for p in kept.parameters()]
+
     mixed = fsdp_model(mixed_precision=True)
     x, y = batches[0]
     output = mixed(x)

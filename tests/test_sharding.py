@@ -42,6 +42,7 @@ def test_api_runs_equal_one_process_and_a_checkpoint_reshards_bitwise(tmp_path, 
     for rank, out in enumerate(saved):
         torch.testing.assert_close(out["zero_redundancy"], single)
         torch.testing.assert_close(out["fsdp"], single)
+        assert all(torch.equal(a, b) for a, b in zip(out["fsdp"], out["fsdp_kept"], strict=True))
         assert out["dtensor"]["type"] == "DTensor" and out["dtensor"]["placements"] == "(Shard(dim=0),)"
         assert out["dtensor"]["local"] == (16, 16) and out["dtensor"]["global"] == (32, 16)
         assert out["fsdp_held"] == sharding.sharded_bytes((), 2, "fsdp", rank=rank, shapes=out["shapes"])
