@@ -29,7 +29,7 @@ from torch import nn
 
 from ._checks import check_int, check_positive_int
 from .memory import Ledger, ModelSpec, ledger
-from .zero import CommLog, ZeroByHand, shard_numel
+from .zero import STAGES, CommLog, ZeroByHand, shard_numel
 
 __all__ = [
     "SHARDED",
@@ -40,7 +40,9 @@ __all__ = [
     "dcp_load_rank",
     "fsdp_local_numel",
     "fsdp_model",
+    "model_state_bytes",
     "sharded_bytes",
+    "shard_layers",
     "sharded_ledger",
     "toy_batches",
     "toy_model",
@@ -143,6 +145,7 @@ def sharded_ledger(spec: ModelSpec, strategy: str, *, batch_size: int, num_devic
 
 def toy_model(width: int = 32) -> nn.Sequential:
     """Three ``nn.Linear`` layers (the units that get sharded), seeded: the same on every rank."""
+    width = check_positive_int("width", width)
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
                          nn.Linear(width, 4))
@@ -150,6 +153,7 @@ def toy_model(width: int = 32) -> nn.Sequential:
 
 def toy_batches(steps: int, rows: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``steps`` global batches of ``rows`` rows (inputs, regression targets), from a fixed seed."""
+    steps, rows = check_positive_int("steps", steps), check_positive_int("rows", rows)
     g = torch.Generator().manual_seed(1)
     return [(torch.randn(rows, 16, generator=g), torch.randn(rows, 4, generator=g)) for _ in range(steps)]
 
@@ -176,6 +180,8 @@ def by_hand_rank(rank: int, world_size: int, stages: Sequence[int] = (0, 1, 2, 3
 
     from .devices import rank_device
 
+    if not stages or any(stage not in STAGES for stage in stages):
+        raise ValueError(f"stages must be a non-empty list drawn from {STAGES}, got {stages!r}")
     device = rank_device()
     batches = [(x.chunk(world_size)[rank].to(device), y.chunk(world_size)[rank].to(device))
                for x, y in toy_batches(steps, rows)]
@@ -201,20 +207,51 @@ def by_hand_rank(rank: int, world_size: int, stages: Sequence[int] = (0, 1, 2, 3
     return out
 
 
-def fsdp_model(mixed_precision: bool = False, reshard_after_forward: bool = True) -> nn.Module:
-    """``toy_model()`` on this rank's device, ``fully_shard`` on each ``nn.Linear`` then the root."""
+def shard_layers(model: nn.Module, *, mixed_precision: bool = False,
+                 reshard_after_forward: bool = True) -> nn.Module:
+    """FSDP2: ``fully_shard`` on each ``nn.Linear`` of ``model`` (one unit each), then on the root."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from .devices import rank_device
-
-    model = toy_model().to(rank_device())
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if mixed_precision else MixedPrecisionPolicy()
-    for layer in model:
-        if isinstance(layer, nn.Linear):
+    for layer in model.modules():
+        if isinstance(layer, nn.Linear) and layer is not model:
             fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     return model
+
+
+def fsdp_model(mixed_precision: bool = False, reshard_after_forward: bool = True) -> nn.Module:
+    """``toy_model()`` on this rank's device, sharded by ``shard_layers``."""
+    from .devices import rank_device
+
+    if not isinstance(mixed_precision, bool) or not isinstance(reshard_after_forward, bool):
+        raise TypeError(f"mixed_precision and reshard_after_forward must be True or False, got "
+                        f"{mixed_precision!r} and {reshard_after_forward!r}")
+    return shard_layers(toy_model().to(rank_device()), mixed_precision=mixed_precision,
+                        reshard_after_forward=reshard_after_forward)
+
+
+def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of this rank's parameters, gradients and optimizer state, counted from the tensors.
+
+    A DTensor counts its local shard; ``ZeroRedundancyOptimizer`` counts the state it keeps.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+
+    def nbytes(t: torch.Tensor) -> int:
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.numel() * t.element_size()
+
+    tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
+    state = getattr(optimizer, "optim", optimizer).state
+    tensors += [v for s in state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
+    return sum(nbytes(t) for t in tensors)
 
 
 def api_rank(rank: int, world_size: int, steps: int = 3, rows: int = 12, lr: float = 1e-2,
@@ -294,9 +331,13 @@ def api_rank(rank: int, world_size: int, steps: int = 3, rows: int = 12, lr: flo
 
 def dcp_load_rank(rank: int, world_size: int, checkpoint: str) -> dict:
     """One rank: a fresh FSDP model (other weights) loads the DCP checkpoint, whatever N saved it."""
+    from pathlib import Path
+
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+    if not isinstance(checkpoint, str) or not Path(checkpoint).is_dir():
+        raise FileNotFoundError(f"checkpoint must be the folder a DCP save wrote, got {checkpoint!r}")
     model = fsdp_model()
     with torch.no_grad():
         for p in model.parameters():

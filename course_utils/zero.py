@@ -119,6 +119,10 @@ class ZeroByHand:
 
     def __init__(self, model: nn.Module, stage: int, optimizer_cls: type = torch.optim.AdamW,
                  comm: CommLog | None = None, **optimizer_kwargs: Any) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        if stage not in STAGES:
+            raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
         if not dist.is_initialized():
             raise RuntimeError("ZeroByHand needs a process group: run it inside launch(...)")
         self.model, self.stage = model, stage

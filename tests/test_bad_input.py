@@ -31,8 +31,10 @@ from course_utils import (
     models,
     nbtools,
     parallel_criterion,
+    sharding,
     snapshots,
     splits,
+    zero,
 )
 
 lin = nn.Linear(4, 2)
@@ -305,6 +307,41 @@ CASES = [
      ValueError, 'num_devices must be an int >= 1'),
     ('splits.split_sizes', lambda: splits.split_sizes(4.0, 2),
      TypeError, 'batch_size must be an int'),
+    # notebook 09: ZeRO by hand and sharding
+    ('zero.shard_numel', lambda: zero.shard_numel(10, 0),
+     ValueError, 'numel must be >= 0 and world_size >= 1, got 10 and 0'),
+    ('zero.ZeroByHand stage', lambda: zero.ZeroByHand(lin, 4),
+     ValueError, 'stage must be one of (0, 1, 2, 3), got 4'),
+    ('zero.ZeroByHand model', lambda: zero.ZeroByHand("model", 1),
+     TypeError, 'model must be an nn.Module, got str'),
+    ('sharding.sharded_bytes', lambda: sharding.sharded_bytes([10], 2, "zero4"),
+     ValueError, "strategy must be one of ('ddp', 'zero1', 'zero2', 'zero3', 'fsdp'), got 'zero4'"),
+    ('sharding.sharded_bytes numels', lambda: sharding.sharded_bytes([-1], 2, "zero1"),
+     ValueError, 'numels must be ints >= 0, got [-1]'),
+    ('sharding.sharded_ledger', lambda: sharding.sharded_ledger(memory_spec(), "dp", batch_size=4, num_devices=2),
+     ValueError, "strategy must be one of ('ddp', 'zero1', 'zero2', 'zero3', 'fsdp'), got 'dp'"),
+    ('sharding.comm_bytes_per_step', lambda: sharding.comm_bytes_per_step(-1, 2, "ddp"),
+     ValueError, 'numel must be >= 0, got -1'),
+    ('sharding.fsdp_local_numel', lambda: sharding.fsdp_local_numel([(4, 2)], 2, 2),
+     ValueError, 'rank must be in 0..1, got 2'),
+    ('sharding.shard_layers', lambda: sharding.shard_layers("model"),
+     TypeError, 'model must be an nn.Module, got str'),
+    ('sharding.fsdp_model', lambda: sharding.fsdp_model(mixed_precision="bf16"),
+     TypeError, "mixed_precision and reshard_after_forward must be True or False, got 'bf16' and True"),
+    ('sharding.model_state_bytes', lambda: sharding.model_state_bytes(lin, "adam"),
+     TypeError, 'optimizer must be a torch.optim.Optimizer, got str'),
+    ('sharding.toy_model', lambda: sharding.toy_model(0),
+     ValueError, 'width must be an int >= 1, got 0'),
+    ('sharding.toy_batches', lambda: sharding.toy_batches(0, 4),
+     ValueError, 'steps must be an int >= 1, got 0'),
+    ('sharding.train_single', lambda: sharding.train_single(rows=0),
+     ValueError, 'rows must be an int >= 1, got 0'),
+    ('sharding.by_hand_rank', lambda: sharding.by_hand_rank(0, 2, stages=(1, 5)),
+     ValueError, 'stages must be a non-empty list drawn from (0, 1, 2, 3), got (1, 5)'),
+    ('sharding.api_rank', lambda: sharding.api_rank(0, 2, steps=0),
+     ValueError, 'steps must be an int >= 1, got 0'),
+    ('sharding.dcp_load_rank', lambda: sharding.dcp_load_rank(0, 2, "no-such-checkpoint"),
+     FileNotFoundError, "checkpoint must be the folder a DCP save wrote, got 'no-such-checkpoint'"),
 ]
 
 
@@ -335,7 +372,7 @@ def test_every_public_callable_has_a_bad_input_case():
         "by_hand.record_memory", "distributed.rank_print", "distributed.LaunchTimeout",
         "distributed.RankError", "distributed.TorchrunResult", "by_hand.Equivalence",
         "by_hand.MemoryRecord", "by_hand.SimDevice", "env.DeviceReport", "memory.Ledger",
-        "snapshots.SnapshotInfo",
+        "snapshots.SnapshotInfo", "sharding.ShardedLedger", "zero.CommLog",
         # no arguments, or a context manager (tests/test_devices.py)
         "devices.gpu_count", "devices.local_rank", "devices.rank_device", "devices.DeviceAudit",
     }
