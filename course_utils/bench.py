@@ -111,7 +111,6 @@ def _harness_rank(rank: int, world_size: int, strategy: str, width: int, global_
     """One process of ``measure_strategies``: build, warm up, time ``steps`` steps, where
     ``rank_device()`` says (under NCCL DataParallel uses GPUs ``0..devices-1``, else simulated ones)."""
     import torch.distributed as dist
-    from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .amp import autocast, grad_scaler
@@ -144,7 +143,9 @@ def _harness_rank(rank: int, world_size: int, strategy: str, width: int, global_
     y = torch.randint(0, _CLASSES, (rows,), generator=g).to(device)
     used = list(range(devices)) if on_gpu and strategy in ("dp", "parallel_criterion") else (
         [device.index] if on_gpu else [])
-    optimizer = (ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
+    if strategy.startswith("zero1"):  # importing torch.distributed.optim takes a second: only here
+        from torch.distributed.optim import ZeroRedundancyOptimizer as Optimizer
+    optimizer = (Optimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
                  if strategy.startswith("zero1") else torch.optim.AdamW(model.parameters(), lr=1e-3))
     scaler = grad_scaler(amp, device.type)
     times = []
