@@ -5,9 +5,8 @@ in fresh processes, and returns per strategy: time per step, samples per second,
 device (CUDA: ``max_memory_allocated``; CPU: each process's peak resident memory) and the model
 state each process holds (parameters, gradients, optimizer state, counted from its tensors).
 
-``make bench`` prints five comparisons, each side by side in one run, each the median of at
-least 5 repeats: DDP scaling on the CPU, the ring all-reduce by hand against gloo's, ``launch``
-against torchrun, the emulated DataParallel's overhead, and FSDP's step time over DDP's.
+``make bench`` prints five comparisons, each side by side, the median of at least 5 repeats: DDP
+scaling, ring all-reduce against gloo's, ``launch`` against torchrun, DataParallel's overhead, FSDP/DDP.
 """
 
 from __future__ import annotations
@@ -141,12 +140,12 @@ def _harness_rank(rank: int, world_size: int, strategy: str, width: int, global_
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(rows, width, generator=g).to(device)
     y = torch.randint(0, _CLASSES, (rows,), generator=g).to(device)
-    used = list(range(devices)) if on_gpu and strategy in ("dp", "parallel_criterion") else (
-        [device.index] if on_gpu else [])
+    used = ([] if not on_gpu else list(range(devices)) if strategy in ("dp", "parallel_criterion")
+            else [device.index])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # no state until its first step
     if strategy.startswith("zero1"):  # importing torch.distributed.optim takes a second: only here
-        from torch.distributed.optim import ZeroRedundancyOptimizer as Optimizer
-    optimizer = (Optimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
-                 if strategy.startswith("zero1") else torch.optim.AdamW(model.parameters(), lr=1e-3))
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
     scaler = grad_scaler(amp, device.type)
     times = []
     for step in range(steps + 2):  # two warm-up steps
