@@ -36,6 +36,7 @@ from course_utils import (
     models,
     nbtools,
     parallel_criterion,
+    preflight,
     sharding,
     shipping,
     show,
@@ -334,6 +335,8 @@ CASES = [
      TypeError, "args must be a tuple, got list"),
     ('torchrun.is_log_line', lambda: torchrun.is_log_line(b"[W1122"),
      TypeError, "line must be a str, got bytes"),
+    ('preflight.run_checks', lambda: preflight.run_checks((("x", 3),)),
+     TypeError, "checks must be a non-empty tuple of (name, callable) pairs"),
     ('diagrams.dataparallel_steps', lambda: diagrams.dataparallel_steps(30, 4, output_device=4),
      ValueError, "output_device must be an int in [0, 4), got 4"),
     ('diagrams.draw_dataparallel', lambda: diagrams.draw_dataparallel(0),
@@ -448,7 +451,7 @@ def test_every_public_callable_has_a_bad_input_case():
         *(f"ddp_demos.{n}" for n in importlib.import_module("course_utils.ddp_demos").__all__),
         "ddp_train.train_ddp", "collectives.ring_all_reduce", "memory.cuda_peak_bytes",
         # command-line entry points: argparse (test below)
-        "ddp_train.main", "bench.main", "gpu_check.main", "edition.main",
+        "ddp_train.main", "bench.main", "gpu_check.main", "edition.main", "preflight.main",
         # no arguments, or plain records
         "bench.machine_description", "env.device_report", "gpu_check.environment", "fault_demos.demo_model", "env.in_colab", "distributed.free_port",
         "simulated.record_memory", "simulated.recording", "simulated.tensors_in", "distributed.rank_print", "distributed.LaunchTimeout",
