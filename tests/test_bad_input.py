@@ -355,6 +355,12 @@ CASES = [
      ValueError, "unknown device 'gpu0': expected an int, 'cuda:N' or 'sim:N'"),
     ('simulated.parse_output_device', lambda: simulated.parse_output_device("sim:x", simulated.sim_devices(2)),
      ValueError, "unknown device 'sim:x'"),
+    ('data.regression_dataset nan', lambda: data.regression_dataset(4, 2, 2, noise=float("nan")),
+     ValueError, "noise must be a number >= 0, got nan"),
+    ('ddp_train.TrainConfig nan', lambda: ddp_train.TrainConfig(lr=float("nan")),
+     ValueError, "lr must be a number > 0, got nan"),
+    ('memory.ModelSpec nan', lambda: memory.ModelSpec.linear().__class__(**{**memory.ModelSpec.linear().__dict__, "activation_floats": float("nan")}),
+     ValueError, "activation_floats must be a number >= 0, got nan"),
     ('check_int tensor', lambda: data.regression_dataset(torch.tensor(2.5), 2, 2),
      TypeError, "n_samples must be an int, got tensor(2.5000) (Tensor)"),
     # notebook 09: ZeRO by hand and sharding
