@@ -169,9 +169,10 @@ def _unattempted(ex: Exercise, answer: Any) -> bool:
     return fingerprint is not None and fingerprint == _starter_fingerprint(ex)
 
 
-def verdict(key: str, answer: Any) -> Verdict:
-    """Judge ``answer`` to exercise ``key`` without printing; never raises for a wrong answer."""
-    ex = find(key)
+def verdict(key: str | Exercise, answer: Any) -> Verdict:
+    """Judge ``answer`` to exercise ``key`` (or to an :class:`Exercise`) without printing; never
+    raises for a wrong answer."""
+    ex = key if isinstance(key, Exercise) else find(key)
     if _unattempted(ex, answer):
         return Verdict(ex.key, ex.kind, "not attempted yet", _TODO[ex.kind])
     try:
@@ -205,13 +206,21 @@ def progress(notebook: Any) -> None:
 
 
 def _execute(ex: Exercise, src: str, label: str) -> dict[str, Any]:
-    """Run the context, then ``src``, as two cells of one notebook would run (compiled apart)."""
+    """Run the context, then ``src``, as a notebook would run two cells.
+
+    Like IPython, each top-level statement is compiled on its own: Python 3.11 compiles
+    ``torch.ones(...)`` inside a function differently when ``import torch`` is in the same
+    compiled unit, and the fingerprint of an untouched fix starter must match the notebook's.
+    """
+    import ast
+
     namespace: dict[str, Any] = {"__name__": "__main__"}
     for part, text in (("context", ex.context), (label, src)):
         filename = f"<exercise {ex.key} {part}>"
-        lines = text.splitlines(keepends=True)
-        linecache.cache[filename] = (len(text), None, lines, filename)
-        exec(compile(text, filename, "exec"), namespace)  # noqa: S102 - the course's own sources
+        linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+        for node in ast.parse(text, filename).body:
+            code = compile(ast.Module([node], type_ignores=[]), filename, "exec")
+            exec(code, namespace)  # noqa: S102 - the course's own sources
     return namespace
 
 
