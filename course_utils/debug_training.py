@@ -241,8 +241,9 @@ def train_unused(rank: int, world_size: int, mode: str, steps: int = 3) -> list[
 def different_seeds(rank: int, world_size: int) -> dict[str, Any]:
     """Each rank seeds itself with its rank (the bug): what DDP's first broadcast fixes, and not.
 
-    Returns the first weights before and after ``DDP(model)``, a dropout mask, and the order a
-    shuffling ``DataLoader`` (no ``DistributedSampler``) reads 8 samples in.
+    Returns the first weights before and after ``DDP(model)``, a dropout mask, the order a
+    shuffling ``DataLoader`` reads 8 samples in, and the indices a ``DistributedSampler`` (which
+    shuffles with its own ``seed``, not the global generator) gives this rank.
     """
     device = rank_device()
     torch.manual_seed(rank)  # the bug: a different seed on every rank
@@ -252,7 +253,9 @@ def different_seeds(rank: int, world_size: int) -> dict[str, Any]:
     after = ddp_model.module[0].weight[0, :3].tolist()
     mask = (model[1](torch.ones(1, 8, device=device)) != 0).int().flatten().tolist()
     loader = torch.utils.data.DataLoader(range(8), batch_size=8, shuffle=True)
-    return {"before": before, "after": after, "dropout mask": mask, "data order": next(iter(loader)).tolist()}
+    sampler = torch.utils.data.DistributedSampler(range(8), num_replicas=world_size, rank=rank, seed=0)
+    return {"before": before, "after": after, "dropout mask": mask,
+            "data order": next(iter(loader)).tolist(), "sampler order": list(sampler)}
 
 
 # ----------------------------------------------------------------------------- compression hooks

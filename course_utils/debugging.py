@@ -10,6 +10,7 @@ hooks, checkpoints) are in :mod:`course_utils.debug_training`.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from typing import Any
@@ -30,6 +31,7 @@ __all__ = [
     "exact_accuracy",
     "padded_accuracy",
     "sampler_orders",
+    "rendezvous_at",
     "save_then_load",
     "where_stuck",
 ]
@@ -38,11 +40,12 @@ _FRAME = re.compile(r'^\s*File "(.*)", line \d+, in (\S+)$')
 
 
 def where_stuck(stacks: dict[int, list[str]], last: int = 3) -> dict[int, str]:
-    """One line per stuck rank: the last ``last`` functions it was in, outermost first.
+    """One line per stuck rank: the last ``last`` functions it was in, and the line of its own code
+    that it was waiting on.
 
-    ``stacks`` is ``LaunchTimeout.stacks``; paths and line numbers are left out, so the line is
-    the same on every machine (``eval_on_rank_0_only -> all_reduce -> wait``, say). The final
-    ``wait`` is the source line the rank was blocked on, reduced to its call.
+    ``stacks`` is ``LaunchTimeout.stacks``. Paths and line numbers are left out (and torch's
+    logging decorators), so the line reads the same on every machine:
+    ``eval_on_rank_0_only -> evaluate_everywhere -> all_reduce  at: dist.all_reduce(counts)``.
     """
     if not isinstance(stacks, dict):
         raise TypeError(f"stacks must be a dict of rank -> stack lines (LaunchTimeout.stacks), "
@@ -51,9 +54,17 @@ def where_stuck(stacks: dict[int, list[str]], last: int = 3) -> dict[int, str]:
         raise ValueError(f"last must be an int >= 1, got {last!r}")
     summary = {}
     for rank, lines in sorted(stacks.items()):
-        names = [m.group(2) for line in lines if (m := _FRAME.match(line))]
-        names = [n for n in names if n not in ("wrapper", "_fn")]  # torch's logging decorators
-        summary[rank] = " -> ".join(names[-last:]) or "(no Python frame)"
+        names, mine = [], ""
+        for i, line in enumerate(lines):
+            match = _FRAME.match(line)
+            if not match or match.group(2) in ("wrapper", "_fn"):
+                continue
+            names.append(match.group(2))
+            following = lines[i + 1] if i + 1 < len(lines) else ""
+            if f"{os.sep}torch{os.sep}" not in match.group(1) and not _FRAME.match(following):
+                mine = following.strip()  # the source line of the newest frame outside torch
+        text = " -> ".join(names[-last:]) or "(no Python frame)"
+        summary[rank] = f"{text}  at: {mine}" if mine else text
     return summary
 
 
@@ -75,6 +86,8 @@ def sampler_orders(rank: int, world_size: int, size: int, epochs: int, set_epoch
 def evaluation_set(size: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed validation set of ``size`` rows and labels, with a fixed model's predictions
     right on the first rows and on every third row after them (so padding shows)."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"size must be an int >= 1, got {size!r}")
     torch.manual_seed(0)
     x = torch.randn(size, 4)
     model = _classifier()
@@ -186,9 +199,20 @@ def save_then_load(rank: int, world_size: int, path: str, barrier: bool) -> list
     torch.manual_seed(0)
     model = nn.Linear(2, 1).to(device)
     if rank == 0:
-        time.sleep(0.3)  # writing a large checkpoint takes a while
+        time.sleep(0.5)  # writing a large checkpoint takes a while
         torch.save(model.state_dict(), path)
     if barrier:
         dist.barrier()  # nobody reads before rank 0 has written
     state = torch.load(path, map_location=device)
     return state["weight"].flatten().tolist()
+
+
+# ----------------------------------------------------------------------------- ports
+
+def rendezvous_at(rank: int, world_size: int, port: int) -> int:
+    """Make a process group at ``tcp://127.0.0.1:PORT``, as the Korean article's scripts do
+    (for ``launch(..., init=False)``). Rank 0 hosts the store there: a port still held by an
+    interrupted cell's store makes it fail with ``EADDRINUSE``."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size)
+    return rank

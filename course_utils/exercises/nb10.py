@@ -176,53 +176,76 @@ def _judge_order(sync_step: Any) -> str | None:
 
 ORDER = Exercise(
     key="10.4", kind="fix", title="same collectives, same order", answer="sync_step",
-    context="import torch\nimport torch.distributed as dist\nfrom course_utils.devices import rank_device\n",
     starter='''\
+from torch import full, ones
+from torch.distributed import all_reduce, barrier, broadcast
+
+from course_utils.devices import rank_device
+
+
 def sync_step(rank, world_size):
-    grads = torch.ones(4, device=rank_device())
-    flag = torch.full((1,), float(rank), device=rank_device())
+    grads = ones(4, device=rank_device())
+    flag = full((1,), float(rank), device=rank_device())
     if rank == 0:
-        dist.all_reduce(grads)
-        dist.broadcast(flag, 0)
+        all_reduce(grads)
+        broadcast(flag, 0)
     else:
-        dist.broadcast(flag, 0)
-        dist.all_reduce(grads)
+        broadcast(flag, 0)
+        all_reduce(grads)
     return grads.tolist(), flag.item()
 ''',
     solution='''\
+from torch import full, ones
+from torch.distributed import all_reduce, barrier, broadcast
+
+from course_utils.devices import rank_device
+
+
 def sync_step(rank, world_size):
-    grads = torch.ones(4, device=rank_device())
-    flag = torch.full((1,), float(rank), device=rank_device())
-    dist.all_reduce(grads)  # every rank: first the all-reduce,
-    dist.broadcast(flag, 0)  # then the broadcast
+    grads = ones(4, device=rank_device())
+    flag = full((1,), float(rank), device=rank_device())
+    all_reduce(grads)  # every rank: first the all-reduce,
+    broadcast(flag, 0)  # then the broadcast
     return grads.tolist(), flag.item()
 ''',
     judge=_judge_order,
     wrong=(('''\
+from torch import full, ones
+from torch.distributed import all_reduce, barrier, broadcast
+
+from course_utils.devices import rank_device
+
+
 def sync_step(rank, world_size):
-    grads = torch.ones(4, device=rank_device())
-    flag = torch.full((1,), float(rank), device=rank_device())
+    grads = ones(4, device=rank_device())
+    flag = full((1,), float(rank), device=rank_device())
     if rank == 0:
-        dist.all_reduce(grads)
-        dist.barrier()
-        dist.broadcast(flag, 0)
+        all_reduce(grads)
+        barrier()
+        broadcast(flag, 0)
     else:
-        dist.broadcast(flag, 0)
-        dist.barrier()
-        dist.all_reduce(grads)
+        broadcast(flag, 0)
+        barrier()
+        all_reduce(grads)
     return grads.tolist(), flag.item()
 ''', "the same order"), ('''\
+from torch import full, ones
+from torch.distributed import all_reduce, barrier, broadcast
+
+from course_utils.devices import rank_device
+
+
 def sync_step(rank, world_size):
-    grads = torch.ones(4, device=rank_device())
-    flag = torch.full((1,), float(rank), device=rank_device())
-    dist.broadcast(grads, 0)
-    dist.broadcast(flag, 0)
+    grads = ones(4, device=rank_device())
+    flag = full((1,), float(rank), device=rank_device())
+    broadcast(grads, 0)
+    broadcast(flag, 0)
     return grads.tolist(), flag.item()
 ''', "summed over the ranks")),
 )
 
 
-# ----------------------------------------------------------------------------- 10.9 seeds
+# ----------------------------------------------------------------------------- 10.8 seeds
 
 def _judge_still_differ(still_differ: Any) -> str | None:
     if not isinstance(still_differ, (set, frozenset, list, tuple)):
@@ -240,7 +263,7 @@ def _judge_still_differ(still_differ: Any) -> str | None:
 
 
 SEEDS = Exercise(
-    key="10.9", kind="predict", title="what DDP's first broadcast fixes", answer="still_differ",
+    key="10.8", kind="predict", title="what DDP's first broadcast fixes", answer="still_differ",
     starter="still_differ = ...  # a set, from {\"weights\", \"dropout mask\", \"data order\"}\n",
     solution="still_differ = {\"dropout mask\", \"data order\"}\n",
     judge=_judge_still_differ,
@@ -272,28 +295,46 @@ def _judge_store(start_store: Any) -> str | None:
 
 STORE = Exercise(
     key="10.10", kind="fix", title="a port that is always free", answer="start_store",
-    context="import datetime\n\nimport torch.distributed as dist\n",
     starter='''\
+from datetime import timedelta
+
+from torch.distributed import TCPStore
+
+
 def start_store():
-    return dist.TCPStore("127.0.0.1", 29500, None, True, datetime.timedelta(seconds=5),
+    return TCPStore("127.0.0.1", 29500, None, True, timedelta(seconds=5),
                          wait_for_workers=False)
 ''',
     solution='''\
+from datetime import timedelta
+
+from torch.distributed import TCPStore
+
+
 def start_store():
-    return dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=5),  # 0: any free port
+    return TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5),  # 0: any free port
                          wait_for_workers=False)
 ''',
     judge=_judge_store,
     wrong=(('''\
+from datetime import timedelta
+
+from torch.distributed import TCPStore
+
+
 def start_store():
-    return dist.TCPStore("127.0.0.1", 29501, None, True, datetime.timedelta(seconds=5),
+    return TCPStore("127.0.0.1", 29501, None, True, timedelta(seconds=5),
                          wait_for_workers=False)
 ''', "port 0"), ('''\
 import os
+from datetime import timedelta
+
+from torch.distributed import TCPStore
+
 
 def start_store():
-    return dist.TCPStore("127.0.0.1", 29500 + os.getpid() % 1000, None, True,
-                         datetime.timedelta(seconds=5), wait_for_workers=False)
+    return TCPStore("127.0.0.1", 29500 + os.getpid() % 1000, None, True,
+                         timedelta(seconds=5), wait_for_workers=False)
 ''', "port 0")),
 )
 
@@ -346,5 +387,5 @@ RATIO = Exercise(
            ("fp16_bytes_ratio = 0.25\n", "float16 has 2")),
 )
 
-EXERCISES = [SET_EPOCH, EVALUATION, SHARDS, ORDER, JOIN, ACCUMULATION, NO_GRAD, CLEAN_KEYS, SEEDS, STORE,
+EXERCISES = [SET_EPOCH, EVALUATION, SHARDS, ORDER, JOIN, ACCUMULATION, NO_GRAD, SEEDS, CLEAN_KEYS, STORE,
              START_METHODS, RATIO]

@@ -1,5 +1,6 @@
-"""Exercises 10.5 to 10.8 of notebook 10 (training-loop failures); ``nb10.EXERCISES`` lists them.
+"""Exercises 10.5, 10.6, 10.7 and 10.9 of notebook 10 (training loops, checkpoints).
 
+``nb10.EXERCISES`` lists them with the others.
 Kept apart from ``nb10.py`` only so that no module passes 400 lines.
 """
 
@@ -52,11 +53,6 @@ def _judge_join(train_my_shard: Any) -> str | None:
 JOIN = Exercise(
     key="10.5", kind="fix", title="uneven inputs: finish together", answer="train_my_shard",
     context='''\
-import torch
-import torch.nn.functional as F
-from torch.distributed.algorithms.join import Join
-from torch.nn.parallel import DistributedDataParallel as DDP
-
 from course_utils.debug_training import small_model, uneven_batches
 
 
@@ -68,45 +64,65 @@ def weights(model):
     return {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
 ''',
     starter='''\
+from torch.nn.functional import mse_loss
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim import SGD
+
+
 def train_my_shard(rank, world_size):
     ddp_model = DDP(small_model())
-    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
+    optimizer = SGD(ddp_model.parameters(), lr=0.1)
     for x, y in my_batches(rank):
-        F.mse_loss(ddp_model(x), y).backward()
+        mse_loss(ddp_model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
     return weights(ddp_model.module)
 ''',
     solution='''\
+from torch.distributed.algorithms.join import Join
+from torch.nn.functional import mse_loss
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim import SGD
+
+
 def train_my_shard(rank, world_size):
     ddp_model = DDP(small_model())
-    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
+    optimizer = SGD(ddp_model.parameters(), lr=0.1)
     with Join([ddp_model]):  # a rank that runs out of batches shadows the others' all-reduces
         for x, y in my_batches(rank):
-            F.mse_loss(ddp_model(x), y).backward()
+            mse_loss(ddp_model(x), y).backward()
             optimizer.step()
             optimizer.zero_grad()
     return weights(ddp_model.module)
 ''',
     judge=_judge_join,
     wrong=(('''\
-import torch.distributed as dist
+from torch.distributed import barrier
+from torch.nn.functional import mse_loss
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim import SGD
+
 
 def train_my_shard(rank, world_size):
     ddp_model = DDP(small_model())
-    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
+    optimizer = SGD(ddp_model.parameters(), lr=0.1)
     for x, y in my_batches(rank):
-        F.mse_loss(ddp_model(x), y).backward()
+        mse_loss(ddp_model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
-    dist.barrier()  # wait for the slow rank
+    barrier()  # wait for the slow rank
     return weights(ddp_model.module)
 ''', "the ranks hung"), ('''\
+from torch.nn.functional import mse_loss
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim import SGD
+
+
 def train_my_shard(rank, world_size):
     ddp_model = DDP(small_model())
-    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
+    optimizer = SGD(ddp_model.parameters(), lr=0.1)
     for x, y in my_batches(rank)[:1]:
-        F.mse_loss(ddp_model(x), y).backward()
+        mse_loss(ddp_model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
     return weights(ddp_model.module)
@@ -133,60 +149,78 @@ def _judge_accumulation(accumulation_step: Any) -> str | None:
     return None
 
 
-_ACCUMULATION_CONTEXT = '''\
-import contextlib
-
-import torch.nn.functional as F
-'''
-
 ACCUMULATION = Exercise(
     key="10.6", kind="fix", title="gradient accumulation with no_sync", answer="accumulation_step",
-    context=_ACCUMULATION_CONTEXT,
     starter='''\
+from contextlib import nullcontext
+
+from torch.nn.functional import mse_loss
+
+
 def accumulation_step(ddp_model, optimizer, micro_batches):
     k = len(micro_batches)
     for i, (x, y) in enumerate(micro_batches):
-        with ddp_model.no_sync() if i % k != 0 else contextlib.nullcontext():
-            loss = F.mse_loss(ddp_model(x), y)
+        with ddp_model.no_sync() if i % k != 0 else nullcontext():
+            loss = mse_loss(ddp_model(x), y)
             loss.backward()
     optimizer.step()
     optimizer.zero_grad()
 ''',
     solution='''\
+from contextlib import nullcontext
+
+from torch.nn.functional import mse_loss
+
+
 def accumulation_step(ddp_model, optimizer, micro_batches):
     k = len(micro_batches)
     for i, (x, y) in enumerate(micro_batches):
-        with ddp_model.no_sync() if i < k - 1 else contextlib.nullcontext():  # sync the last
-            loss = F.mse_loss(ddp_model(x), y) / k  # the mean over all k micro-batches
+        with ddp_model.no_sync() if i < k - 1 else nullcontext():  # sync the last
+            loss = mse_loss(ddp_model(x), y) / k  # the mean over all k micro-batches
             loss.backward()
     optimizer.step()
     optimizer.zero_grad()
 ''',
     judge=_judge_accumulation,
     wrong=(('''\
+from contextlib import nullcontext
+
+from torch.nn.functional import mse_loss
+
+
 def accumulation_step(ddp_model, optimizer, micro_batches):
     k = len(micro_batches)
     for i, (x, y) in enumerate(micro_batches):
-        with ddp_model.no_sync() if i < k - 1 else contextlib.nullcontext():
-            loss = F.mse_loss(ddp_model(x), y)
+        with ddp_model.no_sync() if i < k - 1 else nullcontext():
+            loss = mse_loss(ddp_model(x), y)
             loss.backward()
     optimizer.step()
     optimizer.zero_grad()
 ''', "k times the mean"), ('''\
+from contextlib import nullcontext
+
+from torch.nn.functional import mse_loss
+
+
 def accumulation_step(ddp_model, optimizer, micro_batches):
     k = len(micro_batches)
     for i, (x, y) in enumerate(micro_batches):
-        with ddp_model.no_sync() if i % k != 0 else contextlib.nullcontext():
-            loss = F.mse_loss(ddp_model(x), y) / k
+        with ddp_model.no_sync() if i % k != 0 else nullcontext():
+            loss = mse_loss(ddp_model(x), y) / k
             loss.backward()
     optimizer.step()
     optimizer.zero_grad()
 ''', "different weights"), ('''\
+from contextlib import nullcontext
+
+from torch.nn.functional import mse_loss
+
+
 def accumulation_step(ddp_model, optimizer, micro_batches):
     k = len(micro_batches)
     for x, y in micro_batches:
         with ddp_model.no_sync():
-            loss = F.mse_loss(ddp_model(x), y) / k
+            loss = mse_loss(ddp_model(x), y) / k
             loss.backward()
     optimizer.step()
     optimizer.zero_grad()
@@ -241,7 +275,7 @@ def params_without_grad(model, loss):
 )
 
 
-# ----------------------------------------------------------------------------- 10.8 prefixes
+# ----------------------------------------------------------------------------- 10.9 prefixes
 
 def _judge_clean_keys(clean_state_dict: Any) -> str | None:
     saved = {"module._orig_mod.body.weight": 1, "_orig_mod.submodule.weight": 2,
@@ -259,7 +293,7 @@ def _judge_clean_keys(clean_state_dict: Any) -> str | None:
 
 
 CLEAN_KEYS = Exercise(
-    key="10.8", kind="fix", title="load a checkpoint saved from a wrapper", answer="clean_state_dict",
+    key="10.9", kind="fix", title="load a checkpoint saved from a wrapper", answer="clean_state_dict",
     starter='''\
 def clean_state_dict(state_dict):
     return {key.replace("module.", ""): value for key, value in state_dict.items()}
