@@ -38,34 +38,34 @@ SET_EPOCH = Exercise(
     key="10.1", kind="fix", title="a new shuffle every epoch", answer="epoch_orders",
     starter='''\
 def epoch_orders(sampler, epochs):
-    orders = []
+    orders = {}
     for epoch in range(epochs):
-        orders.append(list(sampler))  # one epoch: the indices this rank reads
-    return orders
+        orders[epoch] = list(sampler)  # the indices this rank reads in this epoch
+    return list(orders.values())
 ''',
     solution='''\
 def epoch_orders(sampler, epochs):
-    orders = []
+    orders = {}
     for epoch in range(epochs):
         sampler.set_epoch(epoch)  # before the epoch is read
-        orders.append(list(sampler))
-    return orders
+        orders[epoch] = list(sampler)
+    return list(orders.values())
 ''',
     judge=_judge_set_epoch,
     wrong=(('''\
 def epoch_orders(sampler, epochs):
-    orders = []
+    orders = {}
     for epoch in range(epochs):
         sampler.set_epoch(0)
-        orders.append(list(sampler))
-    return orders
+        orders[epoch] = list(sampler)
+    return list(orders.values())
 ''', "every epoch reads the same order"), ('''\
 def epoch_orders(sampler, epochs):
-    orders = []
+    orders = {}
     for epoch in range(epochs):
-        orders.append(list(sampler))
+        orders[epoch] = list(sampler)
         sampler.set_epoch(epoch)
-    return orders
+    return list(orders.values())
 ''', "before reading it")),
 )
 
@@ -178,7 +178,7 @@ ORDER = Exercise(
     key="10.4", kind="fix", title="same collectives, same order", answer="sync_step",
     starter='''\
 from torch import full, ones
-from torch.distributed import all_reduce, barrier, broadcast
+from torch.distributed import all_reduce, broadcast
 
 from course_utils.devices import rank_device
 
@@ -196,7 +196,7 @@ def sync_step(rank, world_size):
 ''',
     solution='''\
 from torch import full, ones
-from torch.distributed import all_reduce, barrier, broadcast
+from torch.distributed import all_reduce, broadcast
 
 from course_utils.devices import rank_device
 
@@ -230,7 +230,7 @@ def sync_step(rank, world_size):
     return grads.tolist(), flag.item()
 ''', "the same order"), ('''\
 from torch import full, ones
-from torch.distributed import all_reduce, barrier, broadcast
+from torch.distributed import all_reduce, broadcast
 
 from course_utils.devices import rank_device
 

@@ -154,14 +154,14 @@ ACCUMULATION = Exercise(
     starter='''\
 from contextlib import nullcontext
 
-from torch.nn.functional import mse_loss
+from torch.nn.functional import mse_loss as loss_fn
 
 
 def accumulation_step(ddp_model, optimizer, micro_batches):
     k = len(micro_batches)
     for i, (x, y) in enumerate(micro_batches):
         with ddp_model.no_sync() if i % k != 0 else nullcontext():
-            loss = mse_loss(ddp_model(x), y)
+            loss = loss_fn(ddp_model(x), y)
             loss.backward()
     optimizer.step()
     optimizer.zero_grad()
@@ -169,14 +169,14 @@ def accumulation_step(ddp_model, optimizer, micro_batches):
     solution='''\
 from contextlib import nullcontext
 
-from torch.nn.functional import mse_loss
+from torch.nn.functional import mse_loss as loss_fn
 
 
 def accumulation_step(ddp_model, optimizer, micro_batches):
     k = len(micro_batches)
     for i, (x, y) in enumerate(micro_batches):
         with ddp_model.no_sync() if i < k - 1 else nullcontext():  # sync the last
-            loss = mse_loss(ddp_model(x), y) / k  # the mean over all k micro-batches
+            loss = loss_fn(ddp_model(x), y) / k  # the mean over all k micro-batches
             loss.backward()
     optimizer.step()
     optimizer.zero_grad()
@@ -185,42 +185,42 @@ def accumulation_step(ddp_model, optimizer, micro_batches):
     wrong=(('''\
 from contextlib import nullcontext
 
-from torch.nn.functional import mse_loss
+from torch.nn.functional import mse_loss as loss_fn
 
 
 def accumulation_step(ddp_model, optimizer, micro_batches):
     k = len(micro_batches)
     for i, (x, y) in enumerate(micro_batches):
         with ddp_model.no_sync() if i < k - 1 else nullcontext():
-            loss = mse_loss(ddp_model(x), y)
+            loss = loss_fn(ddp_model(x), y)
             loss.backward()
     optimizer.step()
     optimizer.zero_grad()
 ''', "k times the mean"), ('''\
 from contextlib import nullcontext
 
-from torch.nn.functional import mse_loss
+from torch.nn.functional import mse_loss as loss_fn
 
 
 def accumulation_step(ddp_model, optimizer, micro_batches):
     k = len(micro_batches)
     for i, (x, y) in enumerate(micro_batches):
         with ddp_model.no_sync() if i % k != 0 else nullcontext():
-            loss = mse_loss(ddp_model(x), y) / k
+            loss = loss_fn(ddp_model(x), y) / k
             loss.backward()
     optimizer.step()
     optimizer.zero_grad()
 ''', "different weights"), ('''\
 from contextlib import nullcontext
 
-from torch.nn.functional import mse_loss
+from torch.nn.functional import mse_loss as loss_fn
 
 
 def accumulation_step(ddp_model, optimizer, micro_batches):
     k = len(micro_batches)
     for x, y in micro_batches:
         with ddp_model.no_sync():
-            loss = mse_loss(ddp_model(x), y) / k
+            loss = loss_fn(ddp_model(x), y) / k
             loss.backward()
     optimizer.step()
     optimizer.zero_grad()
