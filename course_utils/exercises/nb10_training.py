@@ -16,11 +16,15 @@ HANG_S = 4.0  # a rank function that has not finished by then is stuck
 
 
 def run_ranks(fn: Any, world_size: int, *args: Any) -> tuple[list | None, str | None]:
-    """Run ``fn`` on ranks for a check: (results, None), or (None, what went wrong as a hint)."""
+    """Run ``fn`` on ranks for a check: (results, None), or (None, what went wrong as a hint).
+
+    Checks run on gloo, on the CPU, on any machine: they judge the logic of an answer, and the
+    answer cells then need no device code.
+    """
     from course_utils.distributed import LaunchTimeout, RankError, launch
 
     try:
-        return launch(fn, world_size, *args, timeout_s=HANG_S, echo=False), None
+        return launch(fn, world_size, *args, timeout_s=HANG_S, echo=False, backend="gloo"), None
     except LaunchTimeout:
         return None, ("the ranks hung: one rank waited in a collective that another rank never "
                       "called, or called in a different order")
