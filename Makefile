@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit nbval stress execute lab lint bench gpu-check clean
+.PHONY: help install test unit nbval stress execute lab solutions lint bench gpu-check clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -38,8 +38,12 @@ stress: $(STAMP) ## the tests marked stress: repeated launches and torchrun rest
 execute: $(STAMP) ## Re-run every notebook in place (clean CPU run) to refresh stored outputs
 	$(BIN)/python -m course_utils.nbtools execute $(NOTEBOOKS)
 
-lab: $(STAMP) ## Open the course in JupyterLab
-	$(BIN)/python -m jupyter lab notebooks/
+# Cloud GPU boxes and containers run as root, where Jupyter refuses to start without --allow-root.
+lab: $(STAMP) ## Open the course in JupyterLab (as root too: cloud boxes and containers)
+	$(BIN)/python -m jupyter lab $$([ "$$(id -u)" = 0 ] && echo --allow-root) notebooks/
+
+solutions: $(STAMP) ## Generate the solutions edition in solutions/ from course_utils/exercises (instructors)
+	$(BIN)/python -m course_utils.exercises.edition solutions/ --execute
 
 bench: $(STAMP) ## Print the performance figures (DDP scaling, ring vs gloo, launch vs torchrun, DP overhead)
 	$(BIN)/python -m course_utils.bench

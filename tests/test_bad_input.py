@@ -9,6 +9,7 @@ with their modules; the command-line entry points exit with argparse's usage mes
 """
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,15 +28,18 @@ from course_utils import (
     devices,
     distributed,
     env,
+    exercises,
     fault_demos,
     gpu_check,
     memory,
     models,
     nbtools,
     parallel_criterion,
+    show,
     snapshots,
     splits,
 )
+from course_utils.exercises import edition
 
 lin = nn.Linear(4, 2)
 
@@ -307,6 +311,41 @@ CASES = [
      ValueError, 'num_devices must be an int >= 1'),
     ('splits.split_sizes', lambda: splits.split_sizes(4.0, 2),
      TypeError, 'batch_size must be an int'),
+    # exercises and show (the exercise format; showing the course's code in notebooks)
+    ('exercises.Exercise', lambda: exercises.Exercise(key="5.1", kind="predict", title="t", answer="a", starter="a = ...", solution="a = 1", judge=print, wrong=()),
+     ValueError, "key must look like '05.2'"),
+    ('exercises.bank', lambda: exercises.bank("five"),
+     ValueError, "notebook must be a number such as '05'"),
+    ('exercises.bank missing', lambda: exercises.bank(99),
+     ValueError, "notebook 99 has no exercises"),
+    ('exercises.find', lambda: exercises.find("01.99"),
+     ValueError, "notebook 01 has no exercise 01.99"),
+    ('exercises.check', lambda: exercises.check(1.1, 3),
+     ValueError, "key must look like '05.2'"),
+    ('exercises.verdict', lambda: exercises.verdict("01", 3),
+     ValueError, "key must look like '05.2'"),
+    ('exercises.progress', lambda: exercises.progress(None),
+     ValueError, "notebook must be a number such as '05'"),
+    ('exercises.run_source', lambda: exercises.run_source("01.1", 2),
+     TypeError, "src must be an answer cell's source (str), got int"),
+    ('exercises.run_source name', lambda: exercises.run_source("01.1", "x = 2"),
+     ValueError, "this source does not define 'same_objects'"),
+    ('edition.build', lambda: edition.build([], "out"),
+     TypeError, "out_dir must be a pathlib.Path, got str"),
+    ('edition.build missing', lambda: edition.build([Path("no.ipynb")], Path("out")),
+     FileNotFoundError, "no notebook at no.ipynb"),
+    ('edition.answer_key', lambda: edition.answer_key({"metadata": {"tags": ["answer:01.1", "answer:01.2"]}}),
+     ValueError, "a cell is tagged as the answer of several exercises"),
+    ('edition.exercise_cells', lambda: edition.exercise_cells("01.1", " "),
+     ValueError, "question must be the exercise's text"),
+    ('show.show', lambda: show.show(3),
+     TypeError, "obj must be a function, method, class or module, got int"),
+    ('show.source', lambda: show.source(splits.split_sizes, "nowhere"),
+     ValueError, "split_sizes has no region 'nowhere'"),
+    ('show.source type', lambda: show.source(splits.split_sizes, 3),
+     TypeError, "region must be a str"),
+    ('show.regions', lambda: show.regions("splits"),
+     TypeError, "obj must be a function, method, class or module, got str"),
     # notebook 10 (debugging, debug_training)
     ('debugging.where_stuck stacks', lambda: debugging.where_stuck(["  File x"]),
      TypeError, 'stacks must be a dict of rank -> stack lines'),
@@ -354,13 +393,13 @@ def test_every_public_callable_has_a_bad_input_case():
         *(f"ddp_demos.{n}" for n in importlib.import_module("course_utils.ddp_demos").__all__),
         "ddp_train.train_ddp", "collectives.ring_all_reduce", "memory.cuda_peak_bytes",
         # command-line entry points: argparse (test below)
-        "ddp_train.main", "bench.main", "gpu_check.main",
+        "ddp_train.main", "bench.main", "gpu_check.main", "edition.main",
         # no arguments, or plain records
         "bench.machine_description", "env.device_report", "gpu_check.environment", "fault_demos.demo_model", "env.in_colab", "distributed.free_port",
         "by_hand.record_memory", "distributed.rank_print", "distributed.LaunchTimeout",
         "distributed.RankError", "distributed.TorchrunResult", "by_hand.Equivalence",
         "by_hand.MemoryRecord", "by_hand.SimDevice", "env.DeviceReport", "memory.Ledger",
-        "snapshots.SnapshotInfo",
+        "snapshots.SnapshotInfo", "exercises.Verdict",
         # no arguments, or a context manager (tests/test_devices.py)
         "devices.gpu_count", "devices.local_rank", "devices.rank_device", "devices.DeviceAudit",
         # notebook 10: rank functions and a DDP hook, run by launch() in tests/test_debugging.py;
@@ -373,13 +412,17 @@ def test_every_public_callable_has_a_bad_input_case():
         "debug_training.TwoHeads",
     }
     missing = []
-    for info in pkgutil.iter_modules(course_utils.__path__):
-        if info.name.startswith("_"):
+    # the package's modules, and the modules of its subpackages (exercises.edition as "edition")
+    names = [(i.name, f"course_utils.{i.name}") for i in pkgutil.iter_modules(course_utils.__path__)]
+    names += [(i.name, f"course_utils.exercises.{i.name}") for i in pkgutil.iter_modules(exercises.__path__)
+              if not i.name.startswith("nb") and i.name != "core"]  # core: re-exported by exercises
+    for short, dotted in names:
+        if short.startswith("_"):
             continue
-        module = importlib.import_module(f"course_utils.{info.name}")
+        module = importlib.import_module(dotted)
         for name in getattr(module, "__all__", []):
             obj = getattr(module, name)
-            qualified = f"{info.name}.{name}"
+            qualified = f"{short}.{name}"
             if callable(obj) and (inspect.isfunction(obj) or inspect.isclass(obj)) \
                     and qualified not in tested and qualified not in exempt:
                 missing.append(qualified)
@@ -391,7 +434,8 @@ def test_every_public_callable_has_a_bad_input_case():
     (ddp_train.main, ["--epochs", "2"], "the following arguments are required: --out"),
     (bench.main, ["--no-such-option"], "unrecognized arguments: --no-such-option"),
     (gpu_check.main, ["--timeout", "0"], "--timeout and --tests-timeout must be numbers of seconds > 0"),
-], ids=["ddp_train-type", "ddp_train-missing", "bench-unknown", "gpu_check-timeout"])
+    (edition.main, [], "the following arguments are required: out_dir"),
+], ids=["ddp_train-type", "ddp_train-missing", "bench-unknown", "gpu_check-timeout", "edition-missing"])
 def test_command_lines_refuse_bad_arguments_with_usage(main, argv, message, capsys):
     with pytest.raises(SystemExit) as info:
         main(argv)

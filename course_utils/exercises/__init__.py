@@ -1,0 +1,21 @@
+"""Exercises that check themselves (every notebook from 01 on ends its sections with them).
+
+A notebook asks a question in a markdown cell, gives an answer cell to fill in (tagged
+``answer:KEY``) and a check cell::
+
+    rows_on_device_0 = ...          # your prediction
+    check("02.1", rows_on_device_0)
+
+``check`` says whether the answer is right, gives a hint aimed at the likely mistake when it is
+not, reads "not attempted yet" while the answer cell is as shipped, and never raises.
+``progress("02")`` lists which of a notebook's exercises pass.
+
+Each notebook's exercises, with their reference solutions and the wrong answers each hint is for,
+are defined in one place, ``course_utils/exercises/nbNN.py``; the solutions edition of the
+notebooks is generated from them (``make solutions``), and ``tests/test_exercises.py`` proves that
+every solution passes and every listed wrong answer gets its hint.
+"""
+
+from .core import KINDS, Exercise, Verdict, bank, check, find, progress, run_source, verdict
+
+__all__ = ["KINDS", "Exercise", "Verdict", "bank", "check", "find", "progress", "run_source", "verdict"]

@@ -1,0 +1,227 @@
+"""The exercise format: an :class:`Exercise`, its judge, and the checks a notebook calls."""
+
+from __future__ import annotations
+
+import importlib
+import linecache
+import pkgutil
+import re
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["KINDS", "Exercise", "Verdict", "bank", "check", "find", "progress", "run_source", "verdict"]
+
+#: predict: write a number or shape down before running; fix: repair a cell broken on purpose;
+#: implement: write a small piece of the lesson.
+KINDS = ("predict", "fix", "implement")
+
+_KEY = re.compile(r"^(\d\d)\.(\d+)$")
+
+_TODO = {
+    "predict": "Replace the ... in the answer cell with your prediction, run it, then run this check",
+    "fix": "Repair the code in the answer cell (it is still as shipped), run it, then run this check",
+    "implement": "Write the body in the answer cell (it still raises NotImplementedError), "
+                 "run it, then run this check",
+}
+
+#: What ``check`` found, by exercise key, in this Python session (``progress`` reads it).
+_RESULTS: dict[str, Verdict] = {}
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: the answer cell as shipped, its reference solution, and how it is judged.
+
+    ``judge(answer)`` returns None when the answer is right, else a hint aimed at the mistake
+    (never the solution). ``wrong`` lists answer-cell sources that learners commonly write, each
+    with a fragment of the hint it must get. ``context`` is the code that the answer cell relies
+    on from the notebook (imports, names); the tests run it before each answer source.
+    """
+
+    key: str
+    kind: str
+    title: str
+    answer: str
+    starter: str
+    solution: str
+    judge: Callable[[Any], str | None]
+    wrong: tuple[tuple[str, str], ...] = ()
+    context: str = ""
+    notebook: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        match = _KEY.match(self.key) if isinstance(self.key, str) else None
+        if not match:
+            raise ValueError(f"key must look like '05.2' (notebook . number), got {self.key!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if not (isinstance(self.answer, str) and self.answer.isidentifier()):
+            raise ValueError(f"answer must be the name the answer cell defines, got {self.answer!r}")
+        if not callable(self.judge):
+            raise TypeError(f"judge must be callable, got {type(self.judge).__name__}")
+        for name in ("title", "starter", "solution", "context"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"{name} must be a str, got {type(getattr(self, name)).__name__}")
+        if self.starter.strip() == self.solution.strip():
+            raise ValueError(f"exercise {self.key}: the solution is the starter")
+        wrong = tuple(tuple(w) for w in self.wrong)
+        if len(wrong) < 2 or any(len(w) != 2 or not all(isinstance(s, str) for s in w) for w in wrong):
+            raise ValueError(f"exercise {self.key}: wrong must list at least two (source, hint fragment) "
+                             f"pairs, got {self.wrong!r}")
+        object.__setattr__(self, "wrong", wrong)
+        object.__setattr__(self, "notebook", match.group(1))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a check found: ``status`` is ``"right"``, ``"not yet"`` or ``"not attempted yet"``."""
+
+    key: str
+    kind: str
+    status: str
+    hint: str = ""
+
+    @property
+    def right(self) -> bool:
+        return self.status == "right"
+
+    def __str__(self) -> str:
+        mark = {"right": "✓", "not yet": "✗"}.get(self.status, "·")
+        text = f"{mark} Exercise {self.key} ({self.kind}): {self.status}"
+        return f"{text}. {self.hint}" if self.hint else f"{text}."
+
+
+def _notebook_id(notebook: Any) -> str:
+    text = str(notebook) if isinstance(notebook, (int, str)) and not isinstance(notebook, bool) else ""
+    match = re.match(r"^(\d{1,2})(?:_\w+(?:\.ipynb)?)?$", text)
+    if not match:
+        raise ValueError(f"notebook must be a number such as '05' or 5 (or a name '05_...'), "
+                         f"got {notebook!r}")
+    return f"{int(match.group(1)):02d}"
+
+
+def _banks() -> list[str]:
+    import course_utils.exercises as package
+
+    return sorted(m.name[2:] for m in pkgutil.iter_modules(package.__path__) if re.match(r"nb\d\d$", m.name))
+
+
+def bank(notebook: Any) -> list[Exercise]:
+    """The exercises of one notebook, in order (``bank("05")``); ``bank("all")`` gives every one."""
+    if notebook == "all":
+        return [ex for nb in _banks() for ex in bank(nb)]
+    number = _notebook_id(notebook)
+    if number not in _banks():
+        raise ValueError(f"notebook {number} has no exercises; these do: {_banks()}")
+    exercises = importlib.import_module(f"course_utils.exercises.nb{number}").EXERCISES
+    for ex in exercises:
+        if ex.notebook != number:
+            raise ValueError(f"exercise {ex.key} is listed in the bank of notebook {number}")
+    return list(exercises)
+
+
+def find(key: str) -> Exercise:
+    """The exercise with this key (``"05.2"``)."""
+    match = _KEY.match(key) if isinstance(key, str) else None
+    if not match:
+        raise ValueError(f"key must look like '05.2' (notebook . number), got {key!r}")
+    for ex in bank(match.group(1)):
+        if ex.key == key:
+            return ex
+    raise ValueError(f"notebook {match.group(1)} has no exercise {key}; "
+                     f"it has {[ex.key for ex in bank(match.group(1))]}")
+
+
+def _fingerprint(obj: Any) -> Any:
+    """What the code of a function or class does, ignoring comments, layout and line numbers."""
+    if isinstance(obj, types.CodeType):
+        consts = tuple(_fingerprint(c) if isinstance(c, types.CodeType) else repr(c) for c in obj.co_consts)
+        return (obj.co_code, obj.co_names, obj.co_varnames, consts)
+    if isinstance(obj, (staticmethod, classmethod)):
+        return _fingerprint(obj.__func__)
+    if isinstance(obj, types.FunctionType):
+        return _fingerprint(obj.__code__)
+    if isinstance(obj, type):
+        return tuple((name, _fingerprint(value)) for name, value in sorted(vars(obj).items())
+                     if isinstance(value, (types.FunctionType, staticmethod, classmethod)))
+    return None
+
+
+_STARTERS: dict[str, Any] = {}
+
+
+def _starter_fingerprint(ex: Exercise) -> Any:
+    if ex.key not in _STARTERS:
+        namespace = _execute(ex, ex.starter, "starter")
+        _STARTERS[ex.key] = _fingerprint(namespace.get(ex.answer))
+    return _STARTERS[ex.key]
+
+
+def _unattempted(ex: Exercise, answer: Any) -> bool:
+    if answer is Ellipsis:
+        return True
+    if ex.kind == "predict":
+        return False
+    fingerprint = _fingerprint(answer)
+    return fingerprint is not None and fingerprint == _starter_fingerprint(ex)
+
+
+def verdict(key: str, answer: Any) -> Verdict:
+    """Judge ``answer`` to exercise ``key`` without printing; never raises for a wrong answer."""
+    ex = find(key)
+    if _unattempted(ex, answer):
+        return Verdict(ex.key, ex.kind, "not attempted yet", _TODO[ex.kind])
+    try:
+        hint = ex.judge(answer)
+    except NotImplementedError:
+        return Verdict(ex.key, ex.kind, "not attempted yet", _TODO[ex.kind])
+    except Exception as err:  # the learner's code failed inside the check: say how, do not raise
+        detail = str(err).strip().splitlines()
+        hint = f"running your answer raised {type(err).__name__}" + (f": {detail[0]}" if detail else "")
+    if hint is not None and not isinstance(hint, str):
+        raise TypeError(f"the judge of {ex.key} must return None or a hint str, got {type(hint).__name__}")
+    return Verdict(ex.key, ex.kind, "right" if hint is None else "not yet", hint or "")
+
+
+def check(key: str, answer: Any = Ellipsis) -> None:
+    """Print whether ``answer`` to exercise ``key`` is right, with a hint when it is not."""
+    result = verdict(key, answer)
+    _RESULTS[result.key] = result
+    print(result)
+
+
+def progress(notebook: Any) -> None:
+    """Print which of a notebook's exercises pass, as checked in this session."""
+    exercises = bank(notebook)
+    results = [_RESULTS.get(ex.key) for ex in exercises]
+    right = sum(1 for r in results if r is not None and r.right)
+    print(f"Exercises of notebook {_notebook_id(notebook)}: {right} of {len(exercises)} right")
+    for ex, result in zip(exercises, results, strict=True):
+        status = result.status if result is not None else "not checked yet (run its check cell)"
+        print(f"  {ex.key:<6} {ex.kind:<10} {status:<18} {ex.title}")
+
+
+def _execute(ex: Exercise, src: str, label: str) -> dict[str, Any]:
+    filename = f"<exercise {ex.key} {label}>"
+    lines = (ex.context + "\n" + src).splitlines(keepends=True)
+    linecache.cache[filename] = (len("".join(lines)), None, lines, filename)
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(compile("".join(lines), filename, "exec"), namespace)  # noqa: S102 - the course's own sources
+    return namespace
+
+
+def run_source(key: str, src: str) -> Verdict:
+    """Run an answer cell's source (after the exercise's context) and judge what it defines.
+
+    The tests use it to prove every reference solution right and every listed wrong answer
+    flagged with its hint; the solutions edition relies on it.
+    """
+    ex = find(key)
+    if not isinstance(src, str):
+        raise TypeError(f"src must be an answer cell's source (str), got {type(src).__name__}")
+    namespace = _execute(ex, src, "answer")
+    if ex.answer not in namespace:
+        raise ValueError(f"this source does not define {ex.answer!r}, the answer of exercise {key}")
+    return verdict(key, namespace[ex.answer])

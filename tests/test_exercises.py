@@ -1,0 +1,142 @@
+"""The exercises: every reference solution passes its check, every listed wrong answer gets its
+hint, an unanswered exercise reads "not attempted yet", each notebook carries its exercises' cells,
+and the solutions edition is generated from the one place the solutions live."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_utils.exercises import Exercise, bank, check, find, progress, run_source, verdict
+from course_utils.exercises.edition import BANNER, answer_key, build
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = {p.name[:2]: p for p in sorted((ROOT / "notebooks").glob("*.ipynb"))}
+ALL = bank("all")
+IDS = [ex.key for ex in ALL]
+
+
+@pytest.mark.parametrize("ex", ALL, ids=IDS)
+def test_the_reference_solution_is_right(ex):
+    result = run_source(ex.key, ex.solution)
+    assert result.status == "right", str(result)
+
+
+@pytest.mark.parametrize("ex", ALL, ids=IDS)
+def test_the_starter_reads_not_attempted_and_fails_nothing(ex):
+    result = run_source(ex.key, ex.starter)
+    assert result.status == "not attempted yet", str(result)
+    assert not result.right
+
+
+@pytest.mark.parametrize("ex", ALL, ids=IDS)
+def test_every_listed_wrong_answer_gets_its_hint(ex):
+    for source, fragment in ex.wrong:
+        result = run_source(ex.key, source)
+        assert result.status == "not yet", (source, str(result))
+        assert fragment in result.hint, (source, str(result))
+
+
+PREDICT = [ex for ex in ALL if ex.kind == "predict"]
+
+
+@pytest.mark.parametrize("ex", PREDICT, ids=[ex.key for ex in PREDICT])
+def test_no_message_gives_the_predicted_value_away(ex):
+    namespace: dict = {}
+    exec(ex.context + "\n" + ex.solution, namespace)
+    value = repr(namespace[ex.answer])
+    messages = [run_source(ex.key, src).hint for src, _ in ex.wrong] + [run_source(ex.key, ex.starter).hint]
+    for message in messages:
+        assert not re.search(rf"(?<![\w.]){re.escape(value)}(?![\w.])", message), (value, message)
+
+
+@pytest.mark.parametrize("number", sorted({ex.notebook for ex in ALL}))
+def test_each_notebook_has_three_exercises_of_two_kinds(number):
+    exercises = bank(number)
+    assert len(exercises) >= 3, [ex.key for ex in exercises]
+    assert len({ex.kind for ex in exercises}) >= 2, [ex.kind for ex in exercises]
+    assert [ex.key for ex in exercises] == [f"{number}.{i}" for i in range(1, len(exercises) + 1)]
+
+
+def _cells(number):
+    assert number in NOTEBOOKS, f"exercises for notebook {number}, which does not exist"
+    return nbformat.read(NOTEBOOKS[number], as_version=4).cells
+
+
+@pytest.mark.parametrize("ex", ALL, ids=IDS)
+def test_the_notebook_asks_answers_and_checks_in_three_cells(ex):
+    cells = _cells(ex.notebook)
+    where = [i for i, c in enumerate(cells) if answer_key(c) == ex.key]
+    assert len(where) == 1, f"{ex.key}: expected one answer cell tagged answer:{ex.key}, found {len(where)}"
+    i = where[0]
+    assert cells[i].source == ex.starter.rstrip("\n"), f"{ex.key}: the answer cell is not the starter"
+    assert cells[i - 1].cell_type == "markdown"
+    assert cells[i - 1].source.startswith(f"#### Exercise {ex.key} · {ex.kind} · "), cells[i - 1].source[:80]
+    assert cells[i + 1].cell_type == "code"
+    assert f'check("{ex.key}", {ex.answer})' in cells[i + 1].source
+    outputs = "".join(o.get("text", "") for o in cells[i + 1].get("outputs", []))
+    assert f"Exercise {ex.key} ({ex.kind}): not attempted yet" in outputs, outputs
+
+
+@pytest.mark.parametrize("number", sorted({ex.notebook for ex in ALL}))
+def test_the_last_code_cell_shows_progress(number):
+    code = [c for c in _cells(number) if c.cell_type == "code"]
+    assert code[-1].source.strip().endswith(f'progress("{number}")')
+    text = "".join(o.get("text", "") for o in code[-1].get("outputs", []))
+    assert f"Exercises of notebook {number}: 0 of {len(bank(number))} right" in text
+
+
+def test_check_prints_and_records_what_progress_shows(capsys):
+    check("01.1", ...)
+    check("01.3", find("01.3").judge)  # not a valid answer: a hint, never an exception
+    progress("01")
+    out = capsys.readouterr().out
+    assert "· Exercise 01.1 (predict): not attempted yet." in out
+    assert "✗ Exercise 01.3 (implement): not yet." in out
+    assert re.search(r"01\.3\s+implement\s+not yet", out)
+    assert re.search(r"01\.2\s+fix\s+not checked yet", out)
+    assert "Exercises of notebook 01: 0 of 3 right" in out
+
+
+def test_an_answer_that_raises_gets_a_hint_not_an_exception():
+    def to_target(model, inputs, targets, target):
+        raise KeyError("boom")
+
+    result = verdict("01.2", to_target)
+    assert result.status == "not yet" and "KeyError" in result.hint and "boom" in result.hint
+
+
+def test_a_fix_left_as_shipped_is_not_attempted_even_with_new_comments():
+    shipped = find("01.2").starter
+    starter = shipped.replace("    model.to(target)\n", "    # looked at it\n    model.to(target)\n")
+    assert starter != shipped
+    assert run_source("01.2", starter).status == "not attempted yet"
+
+
+def test_bad_exercise_definitions_are_refused():
+    good = dict(key="01.9", kind="predict", title="t", answer="a", starter="a = ...",
+                solution="a = 1", judge=lambda a: None, wrong=(("a = 2", "x"), ("a = 3", "y")))
+    Exercise(**good)
+    for change, message in [({"key": "1.9"}, "key must look like"),
+                            ({"kind": "guess"}, "kind must be one of"),
+                            ({"answer": "a b"}, "answer must be the name"),
+                            ({"wrong": (("a = 2", "x"),)}, "at least two"),
+                            ({"solution": "a = ..."}, "the solution is the starter")]:
+        with pytest.raises(ValueError, match=message):
+            Exercise(**{**good, **change})
+
+
+def test_the_solutions_edition_replaces_exactly_the_answer_cells(tmp_path):
+    sources = [NOTEBOOKS[n] for n in sorted({ex.notebook for ex in ALL})]
+    written = build(sources, tmp_path)
+    assert [p.name for p in written] == [p.name for p in sources]
+    for original, edition in zip(sources, written, strict=True):
+        before = nbformat.read(original, as_version=4).cells
+        after = nbformat.read(edition, as_version=4).cells
+        assert len(before) == len(after)
+        assert after[0].source == BANNER + before[0].source
+        for old, new in zip(before[1:], after[1:], strict=True):
+            key = answer_key(old)
+            assert new.source == (find(key).solution.rstrip("\n") if key else old.source)
+            assert not new.get("outputs")
