@@ -91,8 +91,8 @@ def evaluation_set(size: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
     x = torch.randn(size, 4)
     model = _classifier()
-    with torch.no_grad():
-        labels = model(x).argmax(1)
+    with torch.no_grad():  # the model's own predictions, computed without calling it on the CPU
+        labels = (x @ model.weight.T + model.bias).argmax(1)
     wrong = [i for i in range(size) if i >= 3 and i % 3 != 0]
     labels[wrong] = 1 - labels[wrong]
     return x, labels
