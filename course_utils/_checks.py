@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-__all__ = ["check_int", "check_positive_int"]
+__all__ = ["check_int", "check_number", "check_positive_int", "check_seconds"]
 
 
 def _describe(value: Any) -> str:
@@ -16,9 +17,12 @@ def check_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         # numpy and torch integer scalars are accepted if they convert exactly
         index = getattr(value, "__index__", None)
-        if index is None or isinstance(value, bool):
-            raise TypeError(f"{name} must be an int, got {_describe(value)}")
-        value = index()
+        try:
+            if index is None or isinstance(value, bool):
+                raise TypeError
+            value = index()
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"{name} must be an int, got {_describe(value)}") from None
     return int(value)
 
 
@@ -28,3 +32,27 @@ def check_positive_int(name: str, value: Any, *, minimum: int = 1) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
     return value
+
+
+def check_number(name: str, value: Any, *, above: float | None = None, at_least: float | None = None,
+                 below: float | None = None) -> float:
+    """A real number (int or float, not bool), never NaN, within the bounds given; else a
+    ``TypeError`` (wrong type) or ``ValueError`` (NaN, infinite or out of bounds)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {_describe(value)}")
+    value = float(value)
+    bounds = [f"> {above:g}" if above is not None else "", f">= {at_least:g}" if at_least is not None else "",
+              f"< {below:g}" if below is not None else ""]
+    wanted = " and ".join(b for b in bounds if b) or "finite"
+    if (not math.isfinite(value) or (above is not None and not value > above)
+            or (at_least is not None and not value >= at_least) or (below is not None and not value < below)):
+        raise ValueError(f"{name} must be a number {wanted}, got {value!r}")
+    return value
+
+
+def check_seconds(name: str, value: Any) -> float:
+    """A time limit: a number of seconds > 0 (not NaN, not infinite)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value <= 0):
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+    return float(value)

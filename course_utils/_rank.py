@@ -4,8 +4,8 @@ A rank starts one of two ways: forked by the fork server (``forked``, the fast w
 or as a fresh interpreter, ``python -m course_utils._rank WORKDIR RANK`` (``main``). Either way
 it reads the launch's payload (plain pickle around ``fn`` and ``args`` in cloudpickle's form, which
 plain ``pickle`` loads), joins the process group unless ``init`` is ``False`` (then ``fn`` makes its
-own), runs ``fn(rank, world_size, *args)`` and writes ``("ok", value, None, None, time)`` or
-``("error", type, message, traceback, time)`` to ``WORKDIR/rank{RANK}.result``, atomically. It then
+own), runs ``fn(rank, world_size, *args)`` and writes a ``processes.RankResult`` (the value, or the
+exception's type, message and traceback) to ``WORKDIR/rank{RANK}.result``, atomically. It then
 tears the group down (``fn``'s own too, if it left it open), dropping every object first (a DDP
 model alive at teardown can make gloo abort at exit), and leaves with ``os._exit`` so that no
 interpreter shutdown runs after the result is safe. On SIGUSR1, ``faulthandler`` writes the Python
@@ -27,24 +27,27 @@ import traceback
 from pathlib import Path
 from typing import IO, Any
 
+from course_utils.processes import RankResult
+
 #: the file faulthandler writes this rank's stack to on SIGUSR1; open until the process ends
 _stack_file: IO[str] | None = None
 
 
-def _write(path: Path, record: tuple) -> None:
+def _write(path: Path, record: RankResult) -> None:
     import cloudpickle  # a value made in fn (a lambda, a local class) comes back by value
 
     tmp = path.with_suffix(".tmp")
     try:
         data = cloudpickle.dumps(record)
     except Exception as err:  # the return value cannot be sent back
-        kind = type(record[1])
+        kind = type(record.value)
         name = kind.__qualname__
         if kind.__module__ != "builtins":
             name = f"{kind.__module__}.{name}"
-        data = pickle.dumps(("error", "TypeError",
-                             f"the return value of rank {os.environ.get('RANK')} (a {name}) cannot "
-                             f"be sent back (it must be picklable): {err}", "", time.time()))
+        data = pickle.dumps(RankResult(
+            ok=False, finished_at=time.time(), exc_type="TypeError",
+            message=f"the return value of rank {os.environ.get('RANK')} (a {name}) cannot be sent "
+                    f"back (it must be picklable): {err}"))
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
@@ -146,12 +149,12 @@ def run(workdir: Path, rank: int) -> int:
             dist.init_process_group(backend, init_method="env://", timeout=timeout, **bind)
         value = fn(rank, world_size, *args)
         del payload, fn, args
-        _write(result_path, ("ok", value, None, None, time.time()))
+        _write(result_path, RankResult(ok=True, finished_at=time.time(), value=value))
         del value
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         code = 1
-        _write(result_path, ("error", type(exc).__name__, str(exc), traceback.format_exc(),
-                             time.time()))
+        _write(result_path, RankResult(ok=False, finished_at=time.time(), exc_type=type(exc).__name__,
+                                       message=str(exc), traceback=traceback.format_exc()))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-__all__ = ["AMP_MODES", "autocast", "grad_scaler", "output_dtypes"]
+__all__ = ["AMP_MODES", "autocast", "grad_scaler", "output_dtypes", "train_step"]
 
 AMP_MODES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -38,6 +38,26 @@ def grad_scaler(amp: str, device_type: str = "cpu") -> torch.amp.GradScaler:
     """A ``GradScaler`` that scales only for ``"fp16"`` (bf16 and fp32 do not underflow)."""
     dtype = _check(amp)
     return torch.amp.GradScaler(device_type, enabled=dtype is torch.float16)
+
+
+def train_step(model: nn.Module, loss_fn: Callable, inputs: torch.Tensor, targets: torch.Tensor,
+               optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, amp: str = "off",
+               device_type: str = "cpu") -> torch.Tensor:
+    """One optimizer step in ``amp`` mode, the course's one AMP step (notebooks 05-07); returns the loss.
+
+    The forward and the loss run under autocast, the backward outside it; ``scaler`` scales the
+    loss for fp16 and is a pass-through otherwise (``grad_scaler``), so the same four lines train
+    in fp32, bf16 and fp16. Under DDP the gradients are all-reduced during ``backward``.
+    """
+    # region: step
+    with autocast(amp, device_type):
+        loss = loss_fn(model(inputs), targets)
+    optimizer.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)  # skipped if fp16 gradients overflowed
+    scaler.update()
+    # endregion
+    return loss
 
 
 def output_dtypes(model: nn.Module, inputs: torch.Tensor, amp: str, device_type: str = "cpu",

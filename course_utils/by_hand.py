@@ -1,9 +1,9 @@
 """DataParallel by hand: replicate, scatter, parallel_apply, gather on any machine (notebook 03).
 
 ``torch.nn.parallel``'s primitives only accept GPUs ("Expected a non cpu device"). This module
-gives the same four steps over a list of devices that are either real CUDA devices (the work is
-then handed to ``torch.nn.parallel``) or *simulated* devices, ``"sim:0"``, ``"sim:1"``, ..., whose
-tensors live on the CPU. The simulation keeps what learners trip over:
+gives the same four steps over devices that are either real CUDA devices (the work is then handed
+to ``torch.nn.parallel``) or *simulated* devices (``course_utils.simulated``), ``"sim:0"``,
+``"sim:1"``, ..., whose tensors live on the CPU. The simulation keeps what learners trip over:
 
 - **scatter** cuts tensors with ``torch.chunk`` along ``dim``, recurses into tuples, lists, dicts
   and namedtuples, copies non-tensors to every device, and scatters keyword arguments too. The
@@ -25,179 +25,35 @@ from __future__ import annotations
 import threading
 import traceback
 import warnings
-from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from ._checks import check_int, check_positive_int
+from ._checks import check_int
+from .simulated import (
+    Device,
+    SimDevice,
+    check_scatter_sizes,
+    note_memory,
+    parse_device,
+    parse_devices,
+    parse_output_device,
+    recording,
+    tensors_in,
+)
 
 __all__ = [
     "DataParallelByHand",
-    "Equivalence",
-    "compare_training",
-    "SimDevice",
-    "course_devices",
     "data_parallel",
-    "MemoryRecord",
     "gather",
     "parallel_apply",
-    "parse_devices",
-    "record_memory",
     "replicate",
     "scatter",
     "scatter_kwargs",
-    "sim_devices",
-    "time_steps",
 ]
-
-
-@dataclass(frozen=True, order=True)
-class SimDevice:
-    """A simulated device: its tensors live on the CPU, its identity is its index."""
-
-    index: int
-
-    type = "sim"
-
-    def __str__(self) -> str:
-        return f"sim:{self.index}"
-
-    def __repr__(self) -> str:
-        return f"SimDevice({self.index})"
-
-
-Device = SimDevice | torch.device
-
-
-@dataclass
-class MemoryRecord:
-    """Bytes each device holds, by category, as the primitives create them (``record_memory``).
-
-    ``inputs``: what ``scatter`` leaves on each device (the first device holds the whole source
-    tensor, of which its chunk is a view; the others hold their copies). ``parameters``: the
-    replicas' parameter tensors (the first replica shares the original's storage).
-    ``outputs``: what ``gather`` creates on the output device.
-    """
-
-    held: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
-
-    def add(self, device: Any, category: str, nbytes: int) -> None:
-        row = self.held[str(device)]
-        row[category] = row.get(category, 0) + int(nbytes)
-
-    def bytes(self, device: Any, category: str) -> int:
-        return self.held.get(str(device), {}).get(category, 0)
-
-
-_RECORD: ContextVar[MemoryRecord | None] = ContextVar("course_utils_memory_record", default=None)
-
-
-@contextmanager
-def record_memory() -> Iterator[MemoryRecord]:
-    """Record what scatter, replicate and gather put on each device inside the ``with`` block."""
-    record = MemoryRecord()
-    token = _RECORD.set(record)
-    try:
-        yield record
-    finally:
-        _RECORD.reset(token)
-
-
-def _note(device: Any, category: str, tensors: Any, *, whole_storage: bool = False) -> None:
-    """Record ``tensors`` on ``device``; with ``whole_storage``, the memory they view, once each.
-
-    A chunk that ``torch.nn.parallel.scatter`` leaves on the source's own device is a view of the
-    whole source tensor, so that device holds the whole input: counting storages makes the real
-    path count what the simulated one counts.
-    """
-    record = _RECORD.get()
-    if record is None:
-        return
-    if whole_storage:
-        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                    for t in _tensors(tensors)}
-        record.add(device, category, sum(storages.values()))
-    else:
-        record.add(device, category, sum(t.nbytes for t in _tensors(tensors)))
-
-
-def sim_devices(n: int) -> list[SimDevice]:
-    """``n`` simulated devices, ``sim:0`` to ``sim:{n-1}``."""
-    return [SimDevice(i) for i in range(check_positive_int("n", n))]
-
-
-def course_devices(n: int) -> list[Device]:
-    """``n`` real GPUs when this machine has that many, else ``n`` simulated devices."""
-    n = check_positive_int("n", n)
-    if torch.cuda.is_available() and torch.cuda.device_count() >= n:
-        return [torch.device("cuda", i) for i in range(n)]
-    return sim_devices(n)
-
-
-def _parse_one(spec: Any) -> Device:
-    if isinstance(spec, SimDevice):
-        return spec
-    if isinstance(spec, bool):
-        raise TypeError(f"a device must be an int, 'cuda:N', 'sim:N' or a torch.device, got {spec!r}")
-    if isinstance(spec, int):
-        return _cuda(spec)
-    if isinstance(spec, torch.device):
-        if spec.type != "cuda":
-            raise ValueError(f"expected a CUDA or simulated device, got {spec}: the primitives "
-                             "need separate devices; use sim_devices(n) to simulate them")
-        return _cuda(0 if spec.index is None else spec.index)
-    if isinstance(spec, str):
-        kind, _, index = spec.partition(":")
-        if kind == "sim" and index.isdigit():
-            return SimDevice(int(index))
-        if kind == "cuda" and (index.isdigit() or not index):
-            return _cuda(int(index or 0))
-        if kind == "cpu":
-            raise ValueError("expected a CUDA or simulated device, got 'cpu': the primitives "
-                             "need separate devices; use sim_devices(n) to simulate them")
-        raise ValueError(f"unknown device {spec!r}: expected an int, 'cuda:N' or 'sim:N'")
-    raise TypeError(f"a device must be an int, 'cuda:N', 'sim:N' or a torch.device, "
-                    f"got {type(spec).__name__}")
-
-
-def _cuda(index: int) -> torch.device:
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if not 0 <= index < count:
-        raise ValueError(f"cuda:{index} is not available (this machine has {count} GPU(s)); "
-                         f"use simulated devices such as 'sim:{index}' instead")
-    return torch.device("cuda", index)
-
-
-def parse_devices(device_ids: Sequence[Any]) -> list[Device]:
-    """Check and normalise a device list: all CUDA or all simulated, no repeats, not empty."""
-    if isinstance(device_ids, (str, bytes)) or not isinstance(device_ids, Sequence):
-        raise TypeError(f"device_ids must be a list of devices, got {type(device_ids).__name__}")
-    if len(device_ids) == 0:
-        raise ValueError("device_ids is empty: give at least one device, e.g. sim_devices(2)")
-    devices = [_parse_one(d) for d in device_ids]
-    if len({d.type for d in devices}) > 1:
-        raise ValueError(f"device_ids mixes CUDA and simulated devices: {[str(d) for d in devices]}")
-    if len(set(devices)) != len(devices):
-        raise ValueError(f"device_ids repeats a device: {[str(d) for d in devices]}")
-    return devices
-
-
-def _parse_output_device(output_device: Any, devices: list[Device]) -> Device:
-    if output_device is None:
-        return devices[0]
-    if output_device == -1 or output_device == "cpu":
-        return torch.device("cpu")
-    out = _parse_one(output_device)
-    if out.type != devices[0].type:
-        raise ValueError(f"output_device {out} is not of the same kind as device_ids "
-                         f"({devices[0].type})")
-    return out
 
 
 def _is_sim(devices: list[Device]) -> bool:
@@ -222,20 +78,20 @@ def scatter(inputs: Any, device_ids: Sequence[Any], dim: int = 0, *, strict: boo
     """
     devices = parse_devices(device_ids)
     dim = check_int("dim", dim)
-    _check_sizes(inputs, len(devices), dim, strict)
+    check_scatter_sizes(inputs, len(devices), dim, strict)
     if not _is_sim(devices):
         result = torch.nn.parallel.scatter(inputs, [d.index for d in devices], dim)
         for device, part in zip(devices, result, strict=False):
-            _note(device, "inputs", part, whole_storage=True)
+            note_memory(device, "inputs", part, whole_storage=True)
         return result
 
     def scatter_map(obj: Any) -> list:
         if isinstance(obj, torch.Tensor):
             chunks = obj.chunk(len(devices), dim)
             # the first device holds the input already: a view; the others get copies
-            _note(devices[0], "inputs", obj)
+            note_memory(devices[0], "inputs", obj)
             for device, chunk in zip(devices[1:], chunks[1:], strict=False):
-                _note(device, "inputs", chunk)
+                note_memory(device, "inputs", chunk)
             return [c if i == 0 else c.clone() for i, c in enumerate(chunks)]
         if _is_namedtuple(obj):
             return [type(obj)(*args) for args in zip(*map(scatter_map, obj), strict=False)]
@@ -250,31 +106,6 @@ def scatter(inputs: Any, device_ids: Sequence[Any], dim: int = 0, *, strict: boo
     return scatter_map(inputs)
 
 
-def _tensors(obj: Any):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (tuple, list)):
-        for item in obj:
-            yield from _tensors(item)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from _tensors(item)
-
-
-def _check_sizes(inputs: Any, n: int, dim: int, strict: bool) -> None:
-    for t in _tensors(inputs):
-        if t.dim() == 0:
-            raise ValueError("cannot scatter a 0-dim tensor: it has no dimension to split")
-        if not -t.dim() <= dim < t.dim():
-            raise ValueError(f"dim={dim} is out of range for a tensor of shape {tuple(t.shape)}")
-        if strict and t.size(dim) < n:
-            raise ValueError(
-                f"a tensor of shape {tuple(t.shape)} has {t.size(dim)} entries along dim={dim}, "
-                f"fewer than the {n} devices: nn.DataParallel would silently run on only "
-                f"{t.size(dim)} of them. Use a bigger batch, fewer devices, or strict=False"
-            )
-
-
 def scatter_kwargs(
     inputs: tuple, kwargs: dict | None, device_ids: Sequence[Any], dim: int = 0, *,
     strict: bool = True,
@@ -284,14 +115,11 @@ def scatter_kwargs(
         raise TypeError(f"inputs must be a tuple of positional arguments, got {type(inputs).__name__}")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise TypeError(f"kwargs must be a dict or None, got {type(kwargs).__name__}")
-    scattered_inputs = scatter(inputs, device_ids, dim, strict=strict) if inputs else []
-    scattered_kwargs = scatter(kwargs, device_ids, dim, strict=strict) if kwargs else []
-    scattered_inputs = list(scattered_inputs)
-    scattered_kwargs = list(scattered_kwargs)
-    while len(scattered_inputs) < len(scattered_kwargs):
-        scattered_inputs.append(())
-    while len(scattered_kwargs) < len(scattered_inputs):
-        scattered_kwargs.append({})
+    scattered_inputs = list(scatter(inputs, device_ids, dim, strict=strict)) if inputs else []
+    scattered_kwargs = list(scatter(kwargs, device_ids, dim, strict=strict)) if kwargs else []
+    n = max(len(scattered_inputs), len(scattered_kwargs))  # pad the shorter one
+    scattered_inputs += [()] * (n - len(scattered_inputs))
+    scattered_kwargs += [{}] * (n - len(scattered_kwargs))
     return tuple(scattered_inputs), tuple(scattered_kwargs)
 
 
@@ -330,12 +158,12 @@ def replicate(module: nn.Module, device_ids: Sequence[Any], detach: bool = False
 
 
 def _note_replica_parameters(devices: list[Device], replicas: list[nn.Module]) -> None:
-    if _RECORD.get() is None:
+    if not recording():
         return
     for device, replica in zip(devices, replicas, strict=True):
         unique = {id(t): t for m in replica.modules() for t in m._former_parameters.values()
                   if t is not None}
-        _note(device, "parameters", list(unique.values()))
+        note_memory(device, "parameters", list(unique.values()))
 
 
 def _replicate_structure(
@@ -466,16 +294,16 @@ def gather(outputs: Sequence[Any], output_device: Any, dim: int = 0) -> Any:
     if not isinstance(outputs, Sequence) or len(outputs) == 0:
         raise ValueError("outputs must be a non-empty list, one entry per replica")
     dim = check_int("dim", dim)
-    on_cpu = all(t.device.type == "cpu" for t in _tensors(list(outputs)))
+    on_cpu = all(t.device.type == "cpu" for t in tensors_in(list(outputs)))
     to_cpu = output_device in (-1, "cpu") or (
         isinstance(output_device, torch.device) and output_device.type == "cpu")
     if not on_cpu:
-        target = "cpu" if to_cpu else _parse_one(output_device).index
+        target = "cpu" if to_cpu else parse_device(output_device).index
         result = torch.nn.parallel.gather(outputs, target, dim)
-        _note("cpu" if to_cpu else _parse_one(output_device), "outputs", result)
+        note_memory("cpu" if to_cpu else parse_device(output_device), "outputs", result)
         return result
     if output_device is not None and not to_cpu:
-        output_device = _parse_one(output_device)  # validates 'sim:N' and friends
+        output_device = parse_device(output_device)  # validates 'sim:N' and friends
 
     def gather_map(outs: Sequence[Any]) -> Any:
         out = outs[0]
@@ -505,7 +333,7 @@ def gather(outputs: Sequence[Any], output_device: Any, dim: int = 0) -> Any:
         raise TypeError(f"cannot gather outputs of type {type(out).__name__}")
 
     result = gather_map(outputs)
-    _note("cpu" if to_cpu else (output_device or "sim:0"), "outputs", result)
+    note_memory("cpu" if to_cpu else (output_device or "sim:0"), "outputs", result)
     return result
 
 
@@ -529,7 +357,8 @@ def data_parallel(
     device", and (with ``strict=True``) so is a batch with fewer rows than devices.
     """
     devices = parse_devices(device_ids)
-    output = _parse_output_device(output_device, devices)
+    output = parse_output_device(output_device, devices)
+    # region: body
     if not isinstance(inputs, tuple):
         inputs = (inputs,)
     scattered, kwargs = scatter_kwargs(inputs, module_kwargs, devices, dim, strict=strict)
@@ -539,6 +368,7 @@ def data_parallel(
     replicas = replicate(module, used, detach=not torch.is_grad_enabled())
     outputs = parallel_apply(replicas, scattered, kwargs, used)
     return gather(outputs, output, dim)
+    # endregion
 
 
 class DataParallelByHand(nn.Module):
@@ -555,7 +385,7 @@ class DataParallelByHand(nn.Module):
             raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
         self.module = module
         self.device_ids = parse_devices(device_ids)
-        self.output_device = _parse_output_device(output_device, self.device_ids)
+        self.output_device = parse_output_device(output_device, self.device_ids)
         self.dim = check_int("dim", dim)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
@@ -567,115 +397,3 @@ class DataParallelByHand(nn.Module):
 
     def extra_repr(self) -> str:
         return f"device_ids={[str(d) for d in self.device_ids]}, output_device={self.output_device}"
-
-
-# --------------------------------------------------------------------------- evidence
-
-
-@dataclass(frozen=True)
-class Equivalence:
-    """How far data-parallel training drifted from single-device training (``compare_training``)."""
-
-    steps: int
-    devices: int
-    max_output_diff: float
-    max_grad_diff: float
-    max_param_diff: float
-
-    def __str__(self) -> str:
-        return (f"{self.steps} steps on {self.devices} devices: max |Δ| output "
-                f"{self.max_output_diff:.1e}, gradient {self.max_grad_diff:.1e}, "
-                f"parameters {self.max_param_diff:.1e}")
-
-
-def _max_diff(a: Any, b: Any) -> float:
-    ta, tb = list(_tensors(a)), list(_tensors(b))
-    if len(ta) != len(tb) or any(x.shape != y.shape for x, y in zip(ta, tb, strict=True)):
-        return float("inf")
-    return max((x.detach() - y.detach()).abs().max().item() for x, y in zip(ta, tb, strict=True))
-
-
-def compare_training(
-    model: nn.Module,
-    batches: Sequence[tuple[Any, Any]],
-    loss_fn: Callable[[Any, Any], torch.Tensor],
-    device_ids: Sequence[Any],
-    *,
-    dim: int = 0,
-    lr: float = 0.1,
-    check: bool = True,
-) -> Equivalence:
-    """Train a copy of ``model`` on one device and another copy data-parallel, side by side.
-
-    For each ``(inputs, target)`` batch both copies run forward, ``loss_fn(output, target)``,
-    backward and an SGD step with ``lr``. With ``check=True`` the outputs and every gradient are
-    compared with ``torch.testing.assert_close`` at each step (an ``AssertionError`` names the
-    step), and the parameters after the last step too. ``model`` itself is left untouched.
-    """
-    import copy
-
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if len(batches) == 0:
-        raise ValueError("batches is empty: give at least one (inputs, target) pair")
-    devices = parse_devices(device_ids)
-    single, parallel = copy.deepcopy(model), copy.deepcopy(model)
-    worst = {"output": 0.0, "grad": 0.0, "param": 0.0}
-    for step, (inputs, target) in enumerate(batches):
-        out_s = single(inputs)
-        out_p = data_parallel(parallel, inputs, devices, dim=dim)
-        loss_fn(out_s, target).backward()
-        loss_fn(out_p, target).backward()
-        grads_s = [p.grad for p in single.parameters()]
-        grads_p = [p.grad for p in parallel.parameters()]
-        worst["output"] = max(worst["output"], _max_diff(out_s, out_p))
-        worst["grad"] = max(worst["grad"], _max_diff(grads_s, grads_p))
-        if check:
-            torch.testing.assert_close(out_p, out_s, msg=lambda m, s=step: f"step {s} outputs: {m}")
-            torch.testing.assert_close(grads_p, grads_s, msg=lambda m, s=step: f"step {s} grads: {m}")
-        with torch.no_grad():
-            for p in list(single.parameters()) + list(parallel.parameters()):
-                p -= lr * p.grad
-                p.grad = None
-    worst["param"] = _max_diff(list(single.parameters()), list(parallel.parameters()))
-    if check:
-        torch.testing.assert_close(list(parallel.parameters()), list(single.parameters()))
-    return Equivalence(len(batches), len(devices), worst["output"], worst["grad"], worst["param"])
-
-
-def time_steps(model: nn.Module, inputs: torch.Tensor, device_ids: Sequence[Any], *,
-               repeats: int = 5) -> dict[str, float]:
-    """Median seconds of each step of one data-parallel forward, and of the plain forward.
-
-    Keys: ``scatter``, ``replicate``, ``parallel_apply``, ``gather`` and ``single`` (the
-    unsplit forward on one device). Gradients are on, as in training.
-    """
-    import statistics
-    import time
-
-    devices = parse_devices(device_ids)
-    repeats = check_positive_int("repeats", repeats)
-    cuda_devices = [d for d in devices if d.type == "cuda"]
-    keys = ("scatter", "replicate", "parallel_apply", "gather", "single")
-    samples: dict[str, list[float]] = {k: [] for k in keys}
-
-    def tick() -> float:
-        for d in cuda_devices:  # every device's queued work, not only the current device's
-            torch.cuda.synchronize(d)
-        return time.perf_counter()
-
-    for _ in range(repeats + 1):  # the first round warms up and is dropped
-        t0 = tick()
-        chunks = scatter(inputs, devices, strict=False)
-        t1 = tick()
-        replicas = replicate(model, devices[: len(chunks)])
-        t2 = tick()
-        outs = parallel_apply(replicas, chunks, None, devices[: len(chunks)])
-        t3 = tick()
-        gather(outs, devices[0])
-        t4 = tick()
-        model(inputs)
-        t5 = tick()
-        for key, seconds in zip(keys, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
-            samples[key].append(seconds)
-    return {k: statistics.median(v[1:]) for k, v in samples.items()}

@@ -91,6 +91,7 @@ def ring_all_reduce(tensor: torch.Tensor) -> int:
 
     # one receive buffer, reused: a fresh allocation per step costs page faults on big tensors
     buffer = torch.empty(max(b - a for a, b in bounds), dtype=flat.dtype, device=flat.device)
+    # region: ring
     # reduce-scatter: after step s, the chunk received has been summed over s + 2 ranks
     for step in range(world_size - 1):
         s0, s1 = bounds[(rank - step) % world_size]
@@ -106,6 +107,7 @@ def ring_all_reduce(tensor: torch.Tensor) -> int:
         r0, r1 = bounds[(rank - step) % world_size]
         _exchange(flat[s0:s1], flat[r0:r1], right, left)
         sent += (s1 - s0) * flat.element_size()
+    # endregion
     if not tensor.is_contiguous():
         tensor.copy_(flat.view_as(tensor))
     return sent

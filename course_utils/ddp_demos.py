@@ -23,6 +23,7 @@ from .devices import rank_device
 from .distributed import rank_print
 
 __all__ = [
+    "TwoHeads",
     "all_reduce_sum",
     "batchnorm_reference",
     "batchnorm_under_ddp",
@@ -83,7 +84,7 @@ def block_in_collective(rank: int, world_size: int, sleeping_rank: int) -> int:
     return rank
 
 
-class _TwoHeads(nn.Module):
+class TwoHeads(nn.Module):
     """A model with a head that ``forward`` never uses: DDP waits for its gradient forever."""
 
     def __init__(self) -> None:
@@ -97,10 +98,10 @@ class _TwoHeads(nn.Module):
 
 
 def unused_parameters(rank: int, world_size: int, find_unused: bool, steps: int = 3) -> list[float]:
-    """Train ``_TwoHeads`` under DDP for a few steps, with or without ``find_unused_parameters``."""
+    """Train ``TwoHeads`` under DDP for a few steps, with or without ``find_unused_parameters``."""
     device = rank_device()
     torch.manual_seed(0)
-    ddp_model = DDP(_TwoHeads().to(device), find_unused_parameters=find_unused)
+    ddp_model = DDP(TwoHeads().to(device), find_unused_parameters=find_unused)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)  # CPU generator: the same numbers on every machine
     losses = []

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import signal
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,18 +24,20 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from ._checks import check_positive_int
-from .amp import AMP_MODES, autocast, grad_scaler
+from ._checks import check_number, check_positive_int
+from .amp import AMP_MODES, grad_scaler, train_step
 from .data import regression_dataset
 from .devices import choose_backend, rank_device
-from .distributed import init_from_torchrun, rank_print
-from .snapshots import SkipFirst, load_snapshot, save_snapshot
+from .distributed import rank_print
+from .snapshots import SkipFirst, load_snapshot, save_snapshot, state_copy
+from .torchrun import init_from_torchrun
 
 __all__ = [
     "TrainConfig",
     "make_dataset",
     "make_model",
     "main",
+    "resume",
     "train_ddp",
     "train_reference",
 ]
@@ -63,11 +65,8 @@ class TrainConfig:
         for name in ("data_size", "global_batch_size", "epochs", "input_size", "hidden_size",
                      "output_size"):
             check_positive_int(name, getattr(self, name))
-        if not isinstance(self.lr, (int, float)) or isinstance(self.lr, bool) or self.lr <= 0:
-            raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
-        if (not isinstance(self.momentum, (int, float)) or isinstance(self.momentum, bool)
-                or not 0 <= self.momentum < 1):
-            raise ValueError(f"momentum must be a number in [0, 1), got {self.momentum!r}")
+        check_number("lr", self.lr, above=0)
+        check_number("momentum", self.momentum, at_least=0, below=1)
 
     def per_rank_batch_size(self, world_size: int) -> int:
         world_size = check_positive_int("world_size", world_size)
@@ -93,15 +92,13 @@ def make_dataset(config: TrainConfig) -> Dataset:
 def make_model(config: TrainConfig) -> nn.Module:
     """The same initial weights in every process: they come from ``config.seed``."""
     _check_config(config)
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(config.seed)
-    model = nn.Sequential(
-        nn.Linear(config.input_size, config.hidden_size),
-        nn.ReLU(),
-        nn.Linear(config.hidden_size, config.output_size),
-    )
-    torch.random.set_rng_state(generator_state)
-    return model
+    with torch.random.fork_rng(devices=[]):  # seeded here, the caller's random state untouched
+        torch.manual_seed(config.seed)
+        return nn.Sequential(
+            nn.Linear(config.input_size, config.hidden_size),
+            nn.ReLU(),
+            nn.Linear(config.hidden_size, config.output_size),
+        )
 
 
 def _sampler(dataset: Dataset, config: TrainConfig, world_size: int, rank: int) -> DistributedSampler:
@@ -109,27 +106,19 @@ def _sampler(dataset: Dataset, config: TrainConfig, world_size: int, rank: int) 
                               seed=config.seed)
 
 
-def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-
-
-def _check_fault_args(snapshot, snapshot_every, kill_rank, kill_at_step, world_size,
-                      total_steps) -> None:
+def _check_snapshot_args(snapshot, snapshot_every, before_step) -> None:
     if snapshot is not None and not isinstance(snapshot, (str, os.PathLike)):
         raise TypeError(f"snapshot must be a path or None, got {type(snapshot).__name__}")
     if not isinstance(snapshot_every, int) or isinstance(snapshot_every, bool) or snapshot_every < 0:
         raise ValueError(f"snapshot_every must be an int >= 0, got {snapshot_every!r}")
     if snapshot_every and snapshot is None:
         raise ValueError("snapshot_every needs a snapshot path to save to")
-    if (kill_rank is None) != (kill_at_step is None):
-        raise ValueError("kill_rank and kill_at_step go together: give both or neither")
-    if kill_rank is not None and not (0 <= kill_rank < world_size and 0 <= kill_at_step < total_steps):
-        raise ValueError(f"kill_rank must be in [0, {world_size}) and kill_at_step in "
-                         f"[0, {total_steps}), got {kill_rank} and {kill_at_step}")
+    if before_step is not None and not callable(before_step):
+        raise TypeError(f"before_step must be callable or None, got {type(before_step).__name__}")
 
 
-def _resume(snapshot, ddp_model, optimizer, scaler, attempt: int) -> tuple[int, int, int]:
-    """(epoch, batch in that epoch, global step) to start from: the snapshot's, or zeros."""
+def resume(snapshot, ddp_model, optimizer, scaler, attempt: int) -> tuple[int, int, int]:
+    """(epoch, batch in that epoch, global step) to start from: the snapshot's, or zeros (notebook 08)."""
     if snapshot is None:
         return 0, 0, 0
     if not Path(snapshot).is_file():
@@ -143,38 +132,42 @@ def _resume(snapshot, ddp_model, optimizer, scaler, attempt: int) -> tuple[int, 
 
 def train_ddp(rank: int, world_size: int, config: TrainConfig = TrainConfig(),
               snapshot: str | os.PathLike | None = None, snapshot_every: int = 0,
-              kill_rank: int | None = None, kill_at_step: int | None = None) -> dict:
+              before_step: Callable[[int, int, int], None] | None = None) -> dict:
     """Train with ``DistributedDataParallel`` inside an initialised process group.
 
     Returns this rank's final parameters, its per-step losses and the sample indices it saw in
     each epoch. With ``snapshot``, training resumes from that file if it exists, and rank 0
-    writes it every ``snapshot_every`` steps (notebook 08). ``kill_rank`` and ``kill_at_step``
-    inject a fault: that rank kills itself with SIGKILL once that many steps are done, on the
-    first attempt only (``TORCHELASTIC_RESTART_COUNT`` is 0), so the restarted job runs through.
+    writes it every ``snapshot_every`` steps (notebook 08). ``before_step(rank, global_step,
+    attempt)`` runs before each step: notebook 08 injects a fault with it
+    (``course_utils.fault_demos.KillAt``).
     """
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     _check_config(config)
+    _check_snapshot_args(snapshot, snapshot_every, before_step)
     if not dist.is_initialized():
         raise RuntimeError("train_ddp needs a process group: run it with launch(...) or torchrun")
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     device = rank_device()  # the CPU under gloo, cuda:LOCAL_RANK under NCCL
+    # region: setup
     per_rank = config.per_rank_batch_size(world_size)
     dataset = make_dataset(config)
-    sampler = _sampler(dataset, config, world_size, rank)
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=config.seed)
     resumable = SkipFirst(sampler)  # a resumed epoch starts at the batch where it stopped
     # the loader's own generator: starting an epoch then draws nothing from the global one
     loader = DataLoader(dataset, batch_size=per_rank, sampler=resumable,
                         generator=torch.Generator().manual_seed(config.seed))
-    steps_per_epoch = len(loader)
-    _check_fault_args(snapshot, snapshot_every, kill_rank, kill_at_step, world_size,
-                      config.epochs * steps_per_epoch)
     model = make_model(config).to(device)
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=config.lr, momentum=config.momentum)
     scaler = grad_scaler(config.amp, device.type)  # scales only for fp16
-    start_epoch, start_batch, global_step = _resume(snapshot, ddp_model, optimizer, scaler, attempt)
+    # endregion
+    if callable(getattr(before_step, "check", None)):  # a fault that could never fire is refused
+        before_step.check(world_size, config.epochs * len(loader))
+    # region: loop
+    start_epoch, start_batch, global_step = resume(snapshot, ddp_model, optimizer, scaler, attempt)
     loss_fn = nn.MSELoss()
     losses, seen = [], []
     for epoch in range(start_epoch, config.epochs):
@@ -182,25 +175,22 @@ def train_ddp(rank: int, world_size: int, config: TrainConfig = TrainConfig(),
         resumable.skip = start_batch * per_rank if epoch == start_epoch else 0
         seen.append(list(resumable))
         for batch, (inputs, targets) in enumerate(loader, start=resumable.skip // per_rank):
-            if rank == kill_rank and global_step == kill_at_step and attempt == 0:
-                print(f"rank {rank}: SIGKILL to myself after step {global_step}", flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
-            with autocast(config.amp, device.type):
-                loss = loss_fn(ddp_model(inputs.to(device)), targets.to(device))
-            optimizer.zero_grad()
-            scaler.scale(loss).backward()  # DDP all-reduces the gradients here, bucket by bucket
-            scaler.step(optimizer)
-            scaler.update()
+            if before_step is not None:
+                before_step(rank, global_step, attempt)
+            # DDP all-reduces the gradients during backward, bucket by bucket
+            loss = train_step(ddp_model, loss_fn, inputs.to(device), targets.to(device),
+                              optimizer, scaler, config.amp, device.type)
             losses.append(loss.item())
             global_step += 1
             if snapshot_every and global_step % snapshot_every == 0:
                 # printed before the collective save, so the line order never depends on timing
                 rank_print(f"attempt {attempt}: step {global_step} done, loss {loss.item():.4f}; "
                            "saving a snapshot", only_rank=0)
-                epoch_done = batch + 1 == steps_per_epoch
+                epoch_done = batch + 1 == len(loader)
                 save_snapshot(snapshot, ddp_model, optimizer, scaler, epoch=epoch + epoch_done,
                               step_in_epoch=0 if epoch_done else batch + 1, global_step=global_step)
-    params = _snapshot(model)
+    # endregion
+    params = state_copy(model)
     del ddp_model, optimizer, model
     gc.collect()
     return {"params": params, "losses": losses, "seen": seen, "steps": global_step}
@@ -223,21 +213,17 @@ def train_reference(config: TrainConfig, world_size: int) -> dict:
     for epoch in range(config.epochs):
         shards = []
         for rank in range(world_size):
-            sampler = _sampler(dataset, config, world_size, rank)
+            sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                         seed=config.seed)
             sampler.set_epoch(epoch)
             shards.append(list(sampler))
         steps = -(-len(shards[0]) // per_rank)
         for step in range(steps):
             index = [i for shard in shards for i in shard[step * per_rank:(step + 1) * per_rank]]
             inputs, targets = dataset[index]
-            with autocast(config.amp, "cpu"):
-                loss = loss_fn(model(inputs), targets)
-            optimizer.zero_grad()
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+            loss = train_step(model, loss_fn, inputs, targets, optimizer, scaler, config.amp, "cpu")
             losses.append(loss.item())
-    return {"params": _snapshot(model), "losses": losses}
+    return {"params": state_copy(model), "losses": losses}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -258,6 +244,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kill-rank", type=int, help="fault injection: the rank that dies")
     parser.add_argument("--kill-at-step", type=int, help="fault injection: once this many steps are done")
     args = parser.parse_args(argv)
+    if (args.kill_rank is None) != (args.kill_at_step is None):
+        parser.error("--kill-rank and --kill-at-step go together: give both or neither")
     config = TrainConfig(**{k: getattr(args, k) for k in asdict(defaults)})
 
     torch.set_num_threads(1)
@@ -269,8 +257,12 @@ def main(argv: list[str] | None = None) -> None:
         dist.destroy_process_group()
         return
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    result = train_ddp(rank, world_size, config, args.snapshot, args.snapshot_every,
-                       args.kill_rank, args.kill_at_step)
+    fault = None
+    if args.kill_rank is not None:
+        from .fault_demos import KillAt
+
+        fault = KillAt(args.kill_rank, args.kill_at_step)
+    result = train_ddp(rank, world_size, config, args.snapshot, args.snapshot_every, fault)
     if rank == 0:  # rank-0-only saving and printing
         torch.save(result["params"], args.out)
         print(f"rank 0 of {world_size}: finished at step {result['steps']}, "

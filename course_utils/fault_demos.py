@@ -25,10 +25,9 @@ from torch.utils.data.distributed import DistributedSampler
 
 from ._checks import check_positive_int
 from .data import regression_dataset
-from .ddp_train import _snapshot as _params  # a detached copy of the weights
-from .snapshots import SkipFirst, load_snapshot, save_snapshot
+from .snapshots import SkipFirst, load_snapshot, save_snapshot, state_copy
 
-__all__ = ["PARTS", "demo_model", "die_while_saving", "train_in_process"]
+__all__ = ["PARTS", "KillAt", "demo_model", "die_while_saving", "kill_myself", "train_in_process"]
 
 #: What a resume can restore, besides the model's weights.
 PARTS = ("optimizer", "rng", "position")
@@ -39,11 +38,9 @@ _SAMPLES = 48  # 6 steps per epoch
 
 def demo_model() -> nn.Module:
     """The demos' model: a small MLP with dropout, with the same initial weights every time."""
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 2))
-    torch.random.set_rng_state(generator_state)
-    return model
+    with torch.random.fork_rng(devices=[]):  # seeded here, the caller's random state untouched
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 2))
 
 
 def train_in_process(
@@ -72,6 +69,7 @@ def train_in_process(
     if stop_after is not None and not 0 < check_positive_int("stop_after", stop_after) < total_steps:
         raise ValueError(f"stop_after must be between 1 and total_steps - 1, got {stop_after}")
 
+    # region: setup
     torch.manual_seed(1234)  # the job's random numbers (dropout) start from a fixed state
     dataset = regression_dataset(_SAMPLES, 8, 2, seed=0)[0]
     sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=0)
@@ -89,6 +87,7 @@ def train_in_process(
         step = info.global_step
         if "position" in restore:
             epoch, batch = info.epoch, info.step_in_epoch
+    # endregion
     start, losses = step, []
     steps_per_epoch = _SAMPLES // _BATCH
     while step < total_steps:
@@ -106,14 +105,41 @@ def train_in_process(
             if step == stop_after:
                 save_snapshot(snapshot, model, optimizer, epoch=epoch, step_in_epoch=batch,
                               global_step=step)
-                return {"params": _params(model), "losses": losses, "start": start}
+                return {"params": state_copy(model), "losses": losses, "start": start}
             if step == total_steps:
                 break
-    return {"params": _params(model), "losses": losses, "start": start}
+    return {"params": state_copy(model), "losses": losses, "start": start}
 
 
-def _kill_myself(_tmp: Path) -> None:
+def kill_myself(_tmp: Path) -> None:
+    """The hook ``die_while_saving`` gives ``save_snapshot(before_commit=...)``: SIGKILL, now."""
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillAt:
+    """A fault to inject into ``train_ddp(..., before_step=KillAt(rank, step))`` (notebook 08).
+
+    Rank ``rank`` sends itself SIGKILL once ``step`` steps are done, on the first attempt only
+    (``TORCHELASTIC_RESTART_COUNT`` is 0), so that a job restarted by torchrun runs through.
+    """
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank = check_positive_int("rank", rank, minimum=0)
+        self.step = check_positive_int("step", step, minimum=0)
+
+    def __repr__(self) -> str:
+        return f"KillAt(rank={self.rank}, step={self.step})"
+
+    def check(self, world_size: int, total_steps: int) -> None:
+        """Refuse a fault that would never fire in a job of this size."""
+        if not (self.rank < world_size and self.step < total_steps):
+            raise ValueError(f"{self!r} never fires: the rank must be in [0, {world_size}) and the "
+                             f"step in [0, {total_steps})")
+
+    def __call__(self, rank: int, global_step: int, attempt: int) -> None:
+        if rank == self.rank and global_step == self.step and attempt == 0:
+            print(f"rank {rank}: SIGKILL to myself after step {global_step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def die_while_saving(rank: int, world_size: int, path: str, how: str) -> None:
@@ -131,7 +157,7 @@ def die_while_saving(rank: int, world_size: int, path: str, how: str) -> None:
             p.add_(1.0)
     if how == "atomic":
         save_snapshot(path, model, epoch=0, step_in_epoch=2, global_step=2,
-                      before_commit=_kill_myself)
+                      before_commit=kill_myself)
     else:
         payload = torch.load(path, weights_only=True)
         payload.update(model=model.state_dict(), step_in_epoch=2, global_step=2)

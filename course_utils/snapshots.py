@@ -29,7 +29,7 @@ from torch.utils.data import Sampler
 
 from ._checks import check_int
 
-__all__ = ["SkipFirst", "SnapshotInfo", "load_snapshot", "save_snapshot", "strip_module_prefix"]
+__all__ = ["SkipFirst", "SnapshotInfo", "load_snapshot", "save_snapshot", "state_copy", "strip_module_prefix"]
 
 FORMAT = "course_utils.snapshot/1"
 
@@ -70,6 +70,13 @@ class SkipFirst(Sampler):
 
     def __len__(self) -> int:
         return max(0, len(self.sampler) - self._skip)
+
+
+def state_copy(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of ``model``'s state dict: what a rank returns to compare weights."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
 def strip_module_prefix(state: dict[str, Any]) -> dict[str, Any]:
@@ -178,6 +185,7 @@ def save_snapshot(
             "rng": rngs,
             "extra": dict(extra or {}),
         }
+        # region: atomic
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         with open(tmp, "wb") as f:
             torch.save(payload, f)
@@ -188,6 +196,7 @@ def save_snapshot(
         os.replace(tmp, path)  # atomic: readers see the old snapshot or the new one, never half
         for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by writers that died
             stale.unlink(missing_ok=True)
+        # endregion
         if hasattr(os, "O_DIRECTORY"):
             folder = os.open(path.parent, os.O_DIRECTORY)
             try:

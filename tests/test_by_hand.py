@@ -7,20 +7,16 @@ from torch import nn
 
 from course_utils.by_hand import (
     DataParallelByHand,
-    SimDevice,
-    compare_training,
-    course_devices,
     data_parallel,
     gather,
     parallel_apply,
-    parse_devices,
     replicate,
     scatter,
     scatter_kwargs,
-    sim_devices,
-    time_steps,
 )
+from course_utils.dp_evidence import compare_training, time_steps
 from course_utils.models import SequenceGRU, SmallCNN
+from course_utils.simulated import SimDevice, course_devices, parse_devices, sim_devices
 from course_utils.splits import split_sizes
 
 Pair = namedtuple("Pair", "a b")
@@ -349,13 +345,13 @@ def test_wrapper_tolerates_small_batches_like_nn_data_parallel():
 def test_record_memory_counts_what_a_device_holds_alike_on_both_paths():
     """A real scatter leaves a view of the whole input on the source device: counting storages
     (as the real path does) gives what the simulated path records, the whole input."""
-    from course_utils.by_hand import _note, record_memory
+    from course_utils.simulated import note_memory, record_memory
 
     x = torch.randn(8, 4)
     chunks = x.chunk(2)
     with record_memory() as record:
-        _note("cuda:0", "inputs", chunks[0], whole_storage=True)   # a view: the whole input
-        _note("cuda:1", "inputs", chunks[1].clone(), whole_storage=True)
+        note_memory("cuda:0", "inputs", chunks[0], whole_storage=True)   # a view: the whole input
+        note_memory("cuda:1", "inputs", chunks[1].clone(), whole_storage=True)
     with record_memory() as simulated:
         scatter(x, sim_devices(2))
     assert record.bytes("cuda:0", "inputs") == x.nbytes == simulated.bytes("sim:0", "inputs")

@@ -98,13 +98,15 @@ def test_strategy_placement_compares_like_with_like(strategies, gpus, nccl, wher
 def test_bench_figures_all_run_on_the_cpu_with_gloo(monkeypatch, capsys):
     """make bench compares ranks with ranks: on a GPU machine too, every launch it makes is gloo."""
     from course_utils import distributed
+    from course_utils import torchrun as torchrun_module
 
     calls = []
 
     def fake_launch(fn, world_size, *args, **kwargs):
         calls.append((fn.__name__, kwargs))
-        if fn.__name__ == "_scaling_rank":
-            return [[1.0] * args[-1]] * world_size
+        if fn.__name__ == "_harness_rank":
+            return [{"step_time_s": 1.0, "memory_mb": [1.0], "state_mb": 1.0, "on_gpu": False,
+                     "where": "cpu"}] * world_size
         if fn.__name__ == "_ring_rank":
             return [{mb: (1.0, 1.0) for mb in args[0]}] * world_size
         return list(range(world_size))
@@ -117,7 +119,7 @@ def test_bench_figures_all_run_on_the_cpu_with_gloo(monkeypatch, capsys):
         return FakeJob()
 
     monkeypatch.setattr(distributed, "launch", fake_launch)
-    monkeypatch.setattr(distributed, "torchrun", fake_torchrun)
+    monkeypatch.setattr(torchrun_module, "torchrun", fake_torchrun)
     monkeypatch.setattr(bench, "_dp_overhead", lambda *a: (1.0, 1.0))
     bench.main(["--repeats", "5"])
     assert calls and all(kw.get("backend") == "gloo" for name, kw in calls if name != "torchrun")
@@ -181,7 +183,8 @@ CASES = {
     "bench._harness_rank parallel_criterion": (1, ("parallel_criterion", 16, 8, 2, 1)),
     "bench._harness_rank ddp_2": (2, ("ddp_2", 16, 8, 2, 1)),
     "bench._harness_rank ddp_2_amp": (2, ("ddp_2_amp", 16, 8, 2, 1)),
-    "bench._scaling_rank": (2, (16, 4, 1, 1)),
+    "bench._harness_rank zero1_2": (2, ("zero1_2", 16, 8, 2, 1)),
+    "bench._harness_rank fsdp_2": (2, ("fsdp_2", 16, 8, 2, 1)),
     "bench._ring_rank": (2, ([1], 1)),
     "bench._noop_rank": (2, ()),
     "collectives.check_ring_all_reduce": (3, ([1, 7, 64],)),
@@ -200,6 +203,8 @@ CASES = {
     "ddp_demos.mismatched_all_reduce": (2, (True,)),
     "ddp_train.train_ddp": (2, (TINY,)),
     "memory._ddp_peak_rank": (2, (BERT, 2)),
+    "sharding.by_hand_rank": (2, ()),
+    "sharding.api_rank": (2, (2, 8, 1e-2, "{tmp}/ckpt")),
     # notebook 10: the zoo's rank functions, each in a form that finishes
     "debugging.sampler_orders": (2, (8, 2, True)),
     "debugging.eval_on_rank_0_only": (1, ()),  # one rank: nobody else to wait for
@@ -222,6 +227,8 @@ EXEMPT = {
     "fault_demos.die_while_saving": "kills itself with SIGKILL mid-save by design; it calls no "
                                     "module and no collective, so it has no device to get wrong",
     "devices.audited": "the audit itself",
+    "sharding.dcp_load_rank": "needs the checkpoint that sharding.api_rank writes (audited above); "
+                              "tests/test_sharding.py runs the two in turn",
     "debugging.rendezvous_at": "makes its own process group (launch(init=False)) and computes "
                                "nothing: no tensor, no module",
 }

@@ -16,14 +16,9 @@ import torch
 from course_utils import ddp_demos
 from course_utils.collectives import check_ring_all_reduce, chunk_bounds, ring_bytes_per_rank
 from course_utils.ddp_train import TrainConfig, train_ddp, train_reference
-from course_utils.distributed import (
-    LaunchTimeout,
-    RankError,
-    choose_backend,
-    free_port,
-    launch,
-    torchrun,
-)
+from course_utils.devices import choose_backend
+from course_utils.distributed import LaunchTimeout, RankError, free_port, launch
+from course_utils.torchrun import torchrun
 
 pytestmark = pytest.mark.usefixtures("nothing_left_behind")
 
@@ -163,24 +158,37 @@ def test_forked_ranks_take_the_current_environment_and_log_both_streams(monkeypa
         "[rank 1] stdout of rank 1", "[rank 1] stderr of rank 1"]
 
 
-def test_auto_start_forks_only_where_it_is_safe(monkeypatch):
-    from course_utils.distributed import _use_forkserver
+def _parent_pid(rank, world_size):
+    return os.getppid()
 
-    forks_here = sys.platform == "linux" and not torch.cuda.is_available()
-    assert _use_forkserver("auto", "gloo") is forks_here  # pytest runs as `python -m pytest`
-    assert _use_forkserver("auto", "nccl") is False
-    assert _use_forkserver("subprocess", "gloo") is False
+
+@pytest.mark.skipif(sys.platform != "linux" or torch.cuda.is_available(),
+                    reason="the fork server is used on Linux machines without a GPU only")
+def test_auto_start_forks_ranks_from_the_server_on_a_cpu_linux_machine():
+    """Who a rank's parent is shows how it started: this process (a fresh interpreter) or the
+    fork server."""
+    me = os.getpid()
+    assert launch(_parent_pid, 2, start="subprocess", echo=False) == [me, me]
+    forked = launch(_parent_pid, 2, start="forkserver", echo=False)
+    assert me not in forked and len(set(forked)) == 1  # both from the one server
+    assert launch(_parent_pid, 2, start="auto", echo=False) == forked
+
+
+def test_auto_start_keeps_fresh_interpreters_where_forking_is_unsafe(monkeypatch):
+    from course_utils import forkserver
+
+    assert forkserver.use_forkserver("auto", "nccl") is False
+    assert forkserver.use_forkserver("subprocess", "gloo") is False
+    monkeypatch.setattr(forkserver, "cuda_visible", lambda: True)
+    assert forkserver.use_forkserver("auto", "gloo") is False  # CUDA and fork do not mix
     if sys.platform == "linux":
-        assert _use_forkserver("forkserver", "nccl") is True
-    monkeypatch.setattr("course_utils.distributed._cuda_visible", lambda: True)
-    assert _use_forkserver("auto", "gloo") is False  # CUDA and fork do not mix
-    assert _use_forkserver("forkserver", "gloo") is (sys.platform == "linux")  # unless asked
+        assert forkserver.use_forkserver("forkserver", "gloo") is True  # unless asked
     monkeypatch.undo()
     script = types.ModuleType("__main__")
     script.__file__ = "train.py"  # `python train.py`: a fork-server child would import it again
     script.__spec__ = None
     monkeypatch.setitem(sys.modules, "__main__", script)
-    assert _use_forkserver("auto", "gloo") is False
+    assert forkserver.use_forkserver("auto", "gloo") is False
 
 
 def run_python(*args, cwd=None):

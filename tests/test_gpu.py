@@ -22,13 +22,17 @@ from torch import nn
 
 from course_utils import ddp_demos
 from course_utils.amp import autocast, grad_scaler, output_dtypes
-from course_utils.by_hand import DataParallelByHand, compare_training, course_devices, data_parallel
+from course_utils.by_hand import DataParallelByHand, data_parallel
 from course_utils.collectives import check_ring_all_reduce
 from course_utils.ddp_train import TrainConfig, train_ddp, train_reference
-from course_utils.distributed import choose_backend, launch, torchrun
+from course_utils.devices import choose_backend
+from course_utils.distributed import launch
+from course_utils.dp_evidence import compare_training
 from course_utils.memory import ModelSpec, cuda_peak_bytes, ledger
 from course_utils.models import SmallCNN
 from course_utils.parallel_criterion import DataParallelCriterion, DataParallelModel
+from course_utils.simulated import course_devices
+from course_utils.torchrun import torchrun
 
 #: NVML's count: it does not initialise CUDA, so collecting this file leaves forking safe.
 GPUS = torch.cuda.device_count()

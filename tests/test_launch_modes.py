@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_utils import distributed
 from course_utils.distributed import LaunchTimeout, RankError, free_port, launch
+from course_utils.shipping import serialise_call
 
 pytestmark = pytest.mark.usefixtures("nothing_left_behind")
 
@@ -211,9 +212,9 @@ def test_importable_functions_travel_by_reference_and_the_rest_by_value():
     def local(rank, world_size):
         return rank
 
-    assert pickle.loads(distributed._dumps(ddp_demos.hello)) is ddp_demos.hello
-    assert len(distributed._dumps(ddp_demos.hello)) < 100  # a name, not code
-    copy = pickle.loads(distributed._dumps(local))
+    assert pickle.loads(serialise_call(ddp_demos.hello, ()))[0] is ddp_demos.hello
+    assert len(serialise_call(ddp_demos.hello, ())) < 120  # a name, not code
+    copy = pickle.loads(serialise_call(local, ()))[0]
     assert copy is not local and copy(3, 4) == 3
 
 
@@ -223,7 +224,7 @@ def no_rank_may_start(monkeypatch):
         raise AssertionError("a rank process was started")
 
     monkeypatch.setattr(distributed.subprocess, "Popen", refuse)
-    monkeypatch.setattr(distributed, "_RankProcess", refuse)
+    monkeypatch.setattr(distributed, "RankProcess", refuse)
     monkeypatch.setattr(distributed.tempfile, "mkdtemp", refuse)
 
 

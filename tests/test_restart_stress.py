@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_restarts import JOB, RESTARTS, processes_mentioning
 
-from course_utils.distributed import torchrun
+from course_utils.torchrun import torchrun
 
 pytestmark = pytest.mark.stress
 

@@ -17,6 +17,7 @@ from course_utils import fault_demos
 from course_utils.amp import grad_scaler
 from course_utils.ddp_train import TrainConfig, train_ddp
 from course_utils.distributed import RankError, launch
+from course_utils.fault_demos import KillAt
 from course_utils.snapshots import (
     SkipFirst,
     load_snapshot,
@@ -209,7 +210,7 @@ def test_ddp_resume_after_a_lost_rank_under_launch(tmp_path):
     reference = launch(train_ddp, 2, config, echo=False)[0]
     path = str(tmp_path / "s.pt")
     with pytest.raises(RankError, match="rank 1 raised ProcessDied"):
-        launch(train_ddp, 2, config, path, 2, 1, 5, echo=False)
+        launch(train_ddp, 2, config, path, 2, KillAt(1, 5), echo=False)
     resumed = launch(train_ddp, 2, config, path, 2, echo=False)[0]
     assert resumed["steps"] == 12 and len(resumed["losses"]) == 12 - 4
     assert resumed["losses"] == reference["losses"][4:]
@@ -220,9 +221,10 @@ def test_ddp_resume_after_a_lost_rank_under_launch(tmp_path):
 @pytest.mark.parametrize(("args", "message"), [
     ((None, 2), "snapshot_every needs a snapshot path"),
     (("s.pt", -1), "snapshot_every must be an int >= 0"),
-    (("s.pt", 2, 1, None), "kill_rank and kill_at_step go together"),
-    (("s.pt", 2, 2, 3), r"kill_rank must be in \[0, 2\) and kill_at_step in \[0, 8\)"),
-    (("s.pt", 2, 0, 8), r"kill_at_step in \[0, 8\)"),
+    (("s.pt", 2, "KillAt"), "before_step must be callable or None, got str"),
+    (("s.pt", 2, KillAt(2, 3)),
+     r"KillAt\(rank=2, step=3\) never fires: the rank must be in \[0, 2\) and the step in \[0, 8\)"),
+    (("s.pt", 2, KillAt(0, 8)), r"KillAt\(rank=0, step=8\) never fires"),
 ])
 def test_train_ddp_refuses_bad_snapshot_and_fault_arguments(tmp_path, args, message):
     with pytest.raises(RankError, match=message):

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["KINDS", "Exercise", "Verdict", "bank", "check", "find", "progress", "run_source", "verdict"]
+__all__ = ["KINDS", "Exercise", "Verdict", "bank", "check", "find", "hint_from_ranks", "progress",
+           "run_source", "verdict"]
 
 #: predict: write a number or shape down before running; fix: repair a cell broken on purpose;
 #: implement: write a small piece of the lesson.
@@ -204,11 +205,13 @@ def progress(notebook: Any) -> None:
 
 
 def _execute(ex: Exercise, src: str, label: str) -> dict[str, Any]:
-    filename = f"<exercise {ex.key} {label}>"
-    lines = (ex.context + "\n" + src).splitlines(keepends=True)
-    linecache.cache[filename] = (len("".join(lines)), None, lines, filename)
+    """Run the context, then ``src``, as two cells of one notebook would run (compiled apart)."""
     namespace: dict[str, Any] = {"__name__": "__main__"}
-    exec(compile("".join(lines), filename, "exec"), namespace)  # noqa: S102 - the course's own sources
+    for part, text in (("context", ex.context), (label, src)):
+        filename = f"<exercise {ex.key} {part}>"
+        lines = text.splitlines(keepends=True)
+        linecache.cache[filename] = (len(text), None, lines, filename)
+        exec(compile(text, filename, "exec"), namespace)  # noqa: S102 - the course's own sources
     return namespace
 
 
@@ -225,3 +228,24 @@ def run_source(key: str, src: str) -> Verdict:
     if ex.answer not in namespace:
         raise ValueError(f"this source does not define {ex.answer!r}, the answer of exercise {key}")
     return verdict(key, namespace[ex.answer])
+
+
+def hint_from_ranks(rank_fn: Callable[..., str | None], world_size: int, *args: Any,
+                    hang_hint: str, timeout_s: float = 60.0) -> str | None:
+    """Judge an answer on real ranks: run ``rank_fn(rank, world_size, *args)`` with ``launch``
+    and return the first hint a rank gives (None when every rank is satisfied).
+
+    An answer that hangs is stopped at ``timeout_s`` and gets ``hang_hint``; one that raises on a
+    rank gets the first line of that error. Judges of rank exercises use it (notebooks 05, 09, 10).
+    """
+    from ..distributed import LaunchTimeout, RankError, launch
+
+    try:
+        hints = launch(rank_fn, world_size, *args, echo=False, timeout_s=timeout_s, stacks=False)
+    except LaunchTimeout:
+        return hang_hint
+    except RankError as err:
+        first = (err.message.strip().splitlines() or [""])[0]
+        return f"rank {err.rank} failed: {err.exc_type}: {first}"
+    return next((h for h in hints if h is not None), None)
+

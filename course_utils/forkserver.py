@@ -1,0 +1,134 @@
+"""The fork server that starts ``launch``'s ranks in a fraction of a second (notebook 05).
+
+A fresh interpreter spends about 1.2 s importing torch, and DDP's first construction about 1.5 s
+more importing ``torch._dynamo``. On Linux without a GPU, ranks are therefore forked from a clean
+process that ``multiprocessing`` starts once, which imports those modules and does no torch
+compute, so forking it is safe (fork after torch compute can deadlock the child).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import sys
+import threading
+from typing import Any
+
+__all__ = ["PRELOAD", "Forked", "RankProcess", "cuda_visible", "forkserver_context", "use_forkserver"]
+
+
+#: What the fork server imports once, so that a forked rank need not: torch, c10d, and what
+#: DDP's first construction imports lazily (torch._dynamo, about 1.5 s on its own).
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "cloudpickle",
+            "course_utils._rank", "course_utils.distributed"]
+
+
+def use_forkserver(start: str, backend: str) -> bool:
+    """Whether ``launch(start=start)`` forks its ranks from the fork server, for ``backend``."""
+    if start not in ("auto", "forkserver", "subprocess"):
+        raise ValueError(f"start must be 'auto', 'forkserver' or 'subprocess', got {start!r}")
+    available = "forkserver" in multiprocessing.get_all_start_methods()
+    if start == "forkserver" and not available:
+        raise ValueError("start='forkserver' is not available on this platform; use "
+                         "start='subprocess'")
+    if start != "auto":
+        return start == "forkserver"
+    # A script run by path keeps fresh interpreters under "auto", as it always has (ranks no
+    # longer re-import it, see _RankPopen, so start="forkserver" suits it as well).
+    main = sys.modules.get("__main__")
+    main_is_safe = getattr(main, "__spec__", None) is not None or not hasattr(main, "__file__")
+    # With a GPU, ranks keep fresh interpreters: a forked process can use CUDA only if the server
+    # never initialised it, and a GPU machine was not available to check the server's imports.
+    return (available and sys.platform == "linux" and backend == "gloo" and main_is_safe
+            and not cuda_visible())
+
+
+def cuda_visible() -> bool:
+    """Whether this process sees a GPU (then ranks are fresh interpreters: CUDA and fork do not mix)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def forkserver_context() -> Any:
+    """multiprocessing's fork server, told to preload what a rank needs when it first starts.
+
+    The server is one per process and shared with anything else that uses it (a ``DataLoader``
+    with ``multiprocessing_context="forkserver"``, say). If it is already running, its preload
+    list stays as it was: ranks then still work, and import the rest themselves.
+    """
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    return multiprocessing.get_context("forkserver")
+
+
+_PREPARING = threading.Lock()
+
+try:  # the fork server exists on POSIX systems only
+    from multiprocessing import context as _mp_context
+    from multiprocessing import popen_forkserver as _popen_forkserver
+    from multiprocessing import spawn as _spawn
+except ImportError:  # pragma: no cover - Windows
+    RankProcess: Any = None
+else:
+    class _RankPopen(_popen_forkserver.Popen):
+        """Starts a fork-server child that does not re-import ``__main__``.
+
+        multiprocessing's children import the parent's ``__main__`` again (a script run by path
+        runs once more, as ``__mp_main__``; a kernel imports ``ipykernel_launcher``), so that
+        functions pickled by reference from ``__main__`` can be found. A rank needs none of that:
+        ``fn`` comes by value in ``payload.pkl``, and the target is ``_rank.forked``. Leaving it
+        out lets a script without an ``if __name__ == "__main__":`` guard run once, and saves the
+        import. (The preparation data is built by ``spawn.get_preparation_data``; it is replaced
+        for the moment of the start.)
+        """
+
+        def _launch(self, process_obj: Any) -> None:
+            with _PREPARING:
+                prepare = _spawn.get_preparation_data
+
+                def without_main(name: str) -> dict:
+                    data = prepare(name)
+                    data.pop("init_main_from_path", None)
+                    data.pop("init_main_from_name", None)
+                    return data
+
+                _spawn.get_preparation_data = without_main
+                try:
+                    super()._launch(process_obj)
+                finally:
+                    _spawn.get_preparation_data = prepare
+
+    class RankProcess(_mp_context.ForkServerProcess):  # type: ignore[no-redef]
+        """A fork-server ``Process`` started by :class:`_RankPopen`."""
+
+        @staticmethod
+        def _Popen(process_obj: Any) -> _RankPopen:
+            return _RankPopen(process_obj)
+
+
+class Forked:
+    """A rank forked by the fork server, seen through the part of ``Popen``'s API launch uses."""
+
+    def __init__(self, process: Any) -> None:
+        self._process = process
+        self.pid = process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        code = self._process.exitcode
+        if code is None:
+            raise subprocess.TimeoutExpired(f"rank process {self.pid}", timeout or 0.0)
+        return code
+
+    def close(self) -> None:
+        try:
+            self._process.close()  # releases its pipes; refused while the process still runs
+        except ValueError:
+            pass

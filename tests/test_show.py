@@ -1,0 +1,86 @@
+"""`show` prints the course's code in notebooks; every region a notebook shows exists."""
+
+import ast
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_utils import show
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _marked(x):
+    y = x + 1
+    # region: middle
+    z = y * 2
+    if z:
+        z += 1
+    # endregion
+    return z
+
+
+def test_source_of_a_region_is_its_lines_dedented_without_markers():
+    assert show.regions(_marked) == ["middle"]
+    assert show.source(_marked, "middle") == "z = y * 2\nif z:\n    z += 1"
+
+
+def test_source_of_the_whole_function_drops_the_markers():
+    text = show.source(_marked)
+    assert "# region" not in text and "# endregion" not in text
+    assert text.startswith("def _marked(x):") and "return z" in text
+
+
+def test_show_prints_where_the_code_lives(capsys):
+    show.show(_marked, "middle")
+    out = capsys.readouterr().out
+    assert out.startswith("# tests.test_show._marked  (region 'middle')\n") or \
+        out.startswith("# test_show._marked  (region 'middle')\n"), out
+    assert "z = y * 2" in out
+
+
+def test_an_unclosed_region_is_refused():
+    def broken():
+        # region: open
+        return 1
+
+    with pytest.raises(ValueError, match="region 'open' is not closed"):
+        show.source(broken, "open")
+
+
+def _show_calls():
+    """Every show(...) / source(...) call in the notebooks, as (notebook, call source)."""
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type != "code":
+                continue
+            lines = cell.source.splitlines()
+            source = "\n".join(line for line in lines if not line.lstrip().startswith(("%", "!")))
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "show":
+                    yield path.name, ast.unparse(node)
+
+
+CALLS = list(_show_calls())
+
+
+def test_notebooks_show_code_with_show_not_by_slicing_text():
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code":
+                assert not re.search(r"getsource\(|\.index\([\"']|\.split\([\"']\s+def ", cell.source), \
+                    f"{path.name} slices source text: {cell.source[:120]}"
+
+
+@pytest.mark.parametrize(("notebook", "call"), CALLS, ids=[f"{n}:{c}" for n, c in CALLS])
+def test_every_region_a_notebook_shows_exists(notebook, call):
+    import importlib
+
+    namespace = {"show": show.source}
+    for module in ("by_hand", "collectives", "ddp_demos", "ddp_train", "fault_demos", "parallel_criterion",
+                   "snapshots", "splits", "distributed", "data", "models", "memory", "amp", "devices"):
+        namespace[module] = importlib.import_module(f"course_utils.{module}")
+    text = eval(call, namespace)  # show(...) -> source(...): raises if the object or region is gone
+    assert text.strip()
