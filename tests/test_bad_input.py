@@ -23,6 +23,8 @@ from course_utils import (
     collectives,
     data,
     ddp_train,
+    debug_training,
+    debugging,
     devices,
     diagrams,
     distributed,
@@ -435,6 +437,29 @@ CASES = [
      TypeError, "region must be a str"),
     ('show.regions', lambda: show.regions("splits"),
      TypeError, "obj must be a function, method, class or module, got str"),
+    # notebook 10 (debugging, debug_training)
+    ('debugging.where_stuck stacks', lambda: debugging.where_stuck(["  File x"]),
+     TypeError, 'stacks must be a dict of rank -> stack lines'),
+    ('debugging.where_stuck last', lambda: debugging.where_stuck({}, last=0),
+     ValueError, 'last must be an int >= 1'),
+    ('debugging.evaluation_set', lambda: debugging.evaluation_set(0),
+     ValueError, 'size must be an int >= 1'),
+    ('debug_training.accumulation_data', lambda: debug_training.accumulation_data(2, 0, 3, 1),
+     ValueError, 'k must be an int >= 1'),
+    ('debug_training.accumulation_reference', lambda: debug_training.accumulation_reference(2, 2, 3, 1.5),
+     ValueError, 'steps must be an int >= 1'),
+    ('debug_training.uneven_batches counts', lambda: debug_training.uneven_batches([3, 0], 0),
+     ValueError, 'batches_per_rank must be a non-empty list of ints >= 1'),
+    ('debug_training.uneven_batches rank', lambda: debug_training.uneven_batches([3, 2], 2),
+     ValueError, 'rank must be an int in [0, 2)'),
+    ('debug_training.uneven_reference mode', lambda: debug_training.uneven_reference([3, 2], "plain"),
+     ValueError, "mode must be 'join' or 'equal'"),
+    ('debug_training.uneven_reference empty', lambda: debug_training.uneven_reference([], "join"),
+     ValueError, 'batches_per_rank must be a non-empty list'),
+    ('debug_training.train_unused', lambda: debug_training.train_unused(0, 1, "ignore"),
+     ValueError, "mode must be 'plain', 'debug', 'find_unused' or 'static_graph'"),
+    ('debug_training.train_compressed', lambda: debug_training.train_compressed(0, 1, "int8"),
+     ValueError, "hook must be one of ['bf16', 'fp16', 'fp32']"),
 ]
 
 
@@ -478,6 +503,14 @@ def test_every_public_callable_has_a_bad_input_case():
         "forkserver.forkserver_context", "processes.RankHandle", "processes.RankResult",
         "processes.format_stack", "processes.kill_tree", "processes.signal_session",
         "processes.stacks_of", "processes.stop",
+        # notebook 10: rank functions and a DDP hook, run by launch() in tests/test_debugging.py;
+        # models without arguments
+        *(f"debugging.{n}" for n in importlib.import_module("course_utils.debugging").__all__
+          if n not in ("where_stuck", "evaluation_set")),
+        "debug_training.accumulate_step", "debug_training.accumulate_step_off_by_one",
+        "debug_training.train_accumulating", "debug_training.train_uneven", "debug_training.different_seeds",
+        "debug_training.wrapped_keys", "debug_training.bf16_compress_on_gloo", "debug_training.small_model",
+        "debug_training.TwoHeads",
     }
     missing = []
     # the package's modules, and the modules of its subpackages (exercises.edition as "edition")
