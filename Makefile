@@ -23,14 +23,18 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@touch $@
 
-test: $(STAMP) ## Unit tests, then every notebook under nbval
-	$(BIN)/python -m pytest
+# Unit tests and notebooks run on as many workers as the machine has cores (pytest-xdist);
+# --dist loadscope keeps each notebook (and each test module) on one worker, in order.
+PARALLEL := -n auto --dist loadscope
+
+test: $(STAMP) ## Unit tests and every notebook under nbval, in parallel on this machine's cores
+	$(BIN)/python -m pytest $(PARALLEL)
 
 unit: $(STAMP) ## Unit tests only (fast)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest $(PARALLEL) tests
 
 nbval: $(STAMP) ## Notebooks only, under nbval
-	$(BIN)/python -m pytest notebooks
+	$(BIN)/python -m pytest $(PARALLEL) notebooks
 
 stress: $(STAMP) ## the tests marked stress: repeated launches and torchrun restarts (about 5 minutes)
 	$(BIN)/python -m pytest -m stress tests

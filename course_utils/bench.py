@@ -1,15 +1,12 @@
 """Measurements: the strategy harness of notebook 07, and ``make bench``.
 
-``measure_strategies(size)`` runs one training job (an MLP classifier, one global batch per step)
-under each strategy, each in fresh processes started by ``launch``, and returns one record per
-strategy: time per step, samples per second, and peak memory per device (CUDA:
-``max_memory_allocated``; CPU: each process's peak resident memory, since simulated devices
-share one process).
+``measure_strategies(size)`` runs one training job (an MLP classifier, AdamW) under each strategy,
+in fresh processes, and returns per strategy: time per step, samples per second, peak memory per
+device (CUDA: ``max_memory_allocated``; CPU: each process's peak resident memory) and the model
+state each process holds (parameters, gradients, optimizer state, counted from its tensors).
 
-``python -m course_utils.bench`` (``make bench``) prints four comparisons, each measured side by
-side in one run, each the median of at least 5 repeats: DDP scaling on the CPU, the hand-written
-ring all-reduce against gloo's, ``launch`` (ranks forked from its fork server, and fresh
-interpreters) against torchrun, and the emulated DataParallel's overhead.
+``make bench`` prints five comparisons, each side by side, the median of at least 5 repeats: DDP
+scaling, ring all-reduce against gloo's, ``launch`` against torchrun, DataParallel's overhead, FSDP/DDP.
 """
 
 from __future__ import annotations
@@ -40,7 +37,7 @@ __all__ = [
 
 #: size -> (MLP width, rows per device per step)
 SIZES = {"tiny": (64, 32), "small": (256, 64), "medium": (1024, 128), "large": (1024, 1024)}
-STRATEGIES = ("single", "dp", "parallel_criterion", "ddp_1", "ddp_2", "ddp_2_amp")
+STRATEGIES = ("single", "dp", "parallel_criterion", "ddp_1", "ddp_2", "ddp_2_amp", "zero1_2", "fsdp_2")
 _CLASSES = 10
 
 
@@ -49,8 +46,7 @@ def machine_description() -> str:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -72,24 +68,26 @@ def _peak_rss_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB else
 
 
+def _processes(strategy: str) -> int:
+    """``ddp_N``, ``zero1_N``, ``fsdp_N``: N processes; the others one."""
+    return int(strategy.split("_")[1]) if strategy.startswith(("ddp", "zero1", "fsdp")) else 1
+
+
 def devices_needed(strategy: str, devices: int) -> int:
-    """How many devices ``strategy`` uses: ``devices`` for the DataParallel kinds, N for ``ddp_N``."""
+    """How many devices ``strategy`` uses: ``devices`` for the DataParallel kinds, else its processes."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     devices = check_positive_int("devices", devices)
-    if strategy in ("dp", "parallel_criterion"):
-        return devices
-    return int(strategy.split("_")[1]) if strategy.startswith("ddp") else 1
+    return devices if strategy in ("dp", "parallel_criterion") else _processes(strategy)
 
 
 def strategy_placement(strategies: Sequence[str], devices: int, where: str = "auto", *,
                        gpus: int | None = None, nccl: bool | None = None) -> str:
-    """``"gpu"`` or ``"cpu"``: where every strategy of one comparison runs.
+    """``"gpu"`` or ``"cpu"``: where every strategy of one comparison runs, all in one place.
 
-    A comparison is between like and like, so all strategies run in one place: on GPUs only when
-    there are enough for the strategy that needs most (and NCCL for DDP), else all on the CPU
-    (DataParallel's devices then simulated). ``where="gpu"`` insists (an error if that cannot
-    be), ``"cpu"`` forces the CPU, ``"auto"`` (the default) picks GPUs when they suffice.
+    On GPUs only when there are enough for the strategy that needs most (and NCCL for several
+    processes), else on the CPU. ``where="gpu"`` insists (an error if that cannot be), ``"cpu"``
+    forces the CPU, ``"auto"`` (the default) picks GPUs when they suffice.
     """
     import torch.distributed as dist
 
@@ -100,7 +98,7 @@ def strategy_placement(strategies: Sequence[str], devices: int, where: str = "au
     needed = max(devices_needed(s, devices) for s in strategies)
     gpus = gpu_count() if gpus is None else gpus
     nccl = (dist.is_available() and dist.is_nccl_available()) if nccl is None else nccl
-    enough = gpus >= needed and (nccl or not any(s.startswith("ddp") for s in strategies))
+    enough = gpus >= needed and (nccl or all(_processes(s) == 1 for s in strategies))
     if where == "gpu" and not enough:
         raise ValueError(f"where='gpu' needs {needed} GPU(s) (and NCCL for DDP); this machine has "
                          f"{gpus}")
@@ -109,19 +107,16 @@ def strategy_placement(strategies: Sequence[str], devices: int, where: str = "au
 
 def _harness_rank(rank: int, world_size: int, strategy: str, width: int, global_batch: int,
                   devices: int, steps: int) -> dict:
-    """One process of ``measure_strategies``: build, warm up, time ``steps`` steps.
-
-    It runs where ``rank_device()`` says: on ``cuda:RANK`` under NCCL (then DataParallel's
-    devices are GPUs ``0..devices-1``, which ``strategy_placement`` made sure exist), else on
-    the CPU (DataParallel's devices simulated).
-    """
+    """One process of ``measure_strategies``: build, warm up, time ``steps`` steps, where
+    ``rank_device()`` says (under NCCL DataParallel uses GPUs ``0..devices-1``, else simulated ones)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from .amp import autocast, grad_scaler
+    from .amp import grad_scaler, train_step
     from .by_hand import DataParallelByHand
     from .devices import rank_device
     from .parallel_criterion import DataParallelCriterion, DataParallelModel
+    from .sharding import model_state_bytes, shard_layers
     from .simulated import sim_devices
 
     device = rank_device()
@@ -136,17 +131,22 @@ def _harness_rank(rank: int, world_size: int, strategy: str, width: int, global_
         ids = list(range(devices)) if on_gpu else sim_devices(devices)
         model = DataParallelModel(model, ids)
         loss_fn = DataParallelCriterion(nn.CrossEntropyLoss(), ids)
-    elif strategy.startswith("ddp"):
+    elif strategy.startswith(("ddp", "zero1")):
         model = DDP(model, device_ids=[rank] if on_gpu else None)
         if strategy.endswith("_amp"):
             amp = "fp16" if on_gpu else "bf16"
+    elif strategy.startswith("fsdp"):
+        model = shard_layers(model)
     rows = global_batch // world_size
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(rows, width, generator=g).to(device)
     y = torch.randint(0, _CLASSES, (rows,), generator=g).to(device)
-    used = list(range(devices)) if on_gpu and strategy in ("dp", "parallel_criterion") else (
-        [device.index] if on_gpu else [])
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    used = ([] if not on_gpu else list(range(devices)) if strategy in ("dp", "parallel_criterion")
+            else [device.index])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # no state until its first step
+    if strategy.startswith("zero1"):  # importing torch.distributed.optim takes a second: only here
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
     scaler = grad_scaler(amp, device.type)
     times = []
     for step in range(steps + 2):  # two warm-up steps
@@ -154,28 +154,21 @@ def _harness_rank(rank: int, world_size: int, strategy: str, width: int, global_
             for d in used:
                 torch.cuda.reset_peak_memory_stats(d)
         dist.barrier()
-        _synchronize(used)
+        for d in used:  # every device the step uses, not only the current one
+            torch.cuda.synchronize(d)
         start = time.perf_counter()
-        with autocast(amp, device.type):
-            loss = loss_fn(model(x), y)
-        optimizer.zero_grad()
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        _synchronize(used)  # every device the step used, not only the current one
+        train_step(model, loss_fn, x, y, optimizer, scaler, amp, device.type)
+        for d in used:
+            torch.cuda.synchronize(d)
         if step >= 2:
             times.append(time.perf_counter() - start)
     memory = [torch.cuda.max_memory_allocated(d) / 2**20 for d in used] if used else [_peak_rss_mb()]
+    state = model_state_bytes(model, optimizer) / 2**20
     del model, optimizer
-    return {"step_time_s": statistics.median(times), "memory_mb": memory, "on_gpu": on_gpu,
+    return {"step_time_s": statistics.median(times), "memory_mb": memory, "state_mb": state, "on_gpu": on_gpu,
             "where": (f"cuda:{','.join(map(str, used))}" if on_gpu else
                       f"cpu, {devices} simulated devices" if strategy in ("dp", "parallel_criterion")
                       else "cpu")}
-
-
-def _synchronize(cuda_devices: Sequence[int]) -> None:
-    for d in cuda_devices:
-        torch.cuda.synchronize(d)
 
 
 def measure_strategies(size: str = "small", *, strategies: Sequence[str] = STRATEGIES,
@@ -184,13 +177,11 @@ def measure_strategies(size: str = "small", *, strategies: Sequence[str] = STRAT
     """Time one training job under each strategy; one record per strategy.
 
     Every strategy trains the same MLP on the same global batch (``devices`` times the size's
-    rows per device) for ``steps`` timed steps after two warm-up steps, in fresh processes.
-    All strategies run in one place (``strategy_placement``): on GPUs when there are enough for
-    every one of them, else all on the CPU, so that the rows compare like with like. On GPUs,
-    ``dp`` and ``parallel_criterion`` use ``devices`` GPUs and ``ddp_N`` one GPU per rank; on
-    the CPU, the DataParallel kinds use ``devices`` simulated devices and ``ddp_N`` N processes
-    of one thread each. ``ddp_2_amp`` adds autocast (fp16 with a GradScaler on GPUs, bf16 on
-    the CPU). Each record says where it ran (``"where"``).
+    rows per device) for ``steps`` timed steps after two warm-up steps, all in one place
+    (``strategy_placement``). The DataParallel kinds use ``devices`` GPUs (or simulated devices);
+    ``ddp_N``, ``zero1_N`` (DDP with ``ZeroRedundancyOptimizer``) and ``fsdp_N`` (FSDP2, each
+    ``nn.Linear`` a unit) N processes, one GPU or one CPU thread each. ``ddp_2_amp`` adds
+    autocast (fp16 with a GradScaler on GPUs, bf16 on the CPU). Records say where they ran.
     """
     from tqdm.auto import tqdm
 
@@ -209,7 +200,7 @@ def measure_strategies(size: str = "small", *, strategies: Sequence[str] = STRAT
     global_batch = rows * devices
     records = []
     for strategy in tqdm(list(strategies), desc=f"strategies ({size})", disable=not progress):
-        ranks = int(strategy.split("_")[1]) if strategy.startswith("ddp") else 1
+        ranks = _processes(strategy)
         results = launch(_harness_rank, ranks, strategy, width, global_batch, devices, steps,
                          echo=False, timeout_s=600, backend="nccl" if on_gpu else "gloo")
         step_time = max(r["step_time_s"] for r in results)  # a step ends when the slowest rank does
@@ -223,6 +214,7 @@ def measure_strategies(size: str = "small", *, strategies: Sequence[str] = STRAT
             "step_time_s": step_time,
             "samples_per_s": global_batch / step_time,
             "peak_memory_mb": [m for r in results for m in r["memory_mb"]],
+            "model_state_mb": [r["state_mb"] for r in results],
             "memory_kind": ("cuda max_memory_allocated per device" if results[0]["on_gpu"]
                             else "peak resident memory per process"),
         })
@@ -234,10 +226,9 @@ def measure_loader(num_workers: Sequence[int] = (0, 1, 2, 4), *, work: str = "io
                    progress: bool = True) -> dict:
     """Seconds per epoch of a ``DataLoader`` over a ``SlowDataset``, for each worker count.
 
-    Workers start from a clean process (``forkserver`` where available, else ``spawn``), never
-    by forking this one, and persist between epochs; the first epoch (worker start-up) is
-    timed apart from the second. DataLoader's warnings (it warns when there are more workers
-    than cores) are collected in ``"warnings"`` rather than printed.
+    Workers start from a clean process (``forkserver`` where available, else ``spawn``) and
+    persist; the first epoch (worker start-up) is timed apart from the second. DataLoader's
+    warnings (more workers than cores) are collected in ``"warnings"`` rather than printed.
     """
     import multiprocessing
     import warnings
@@ -273,40 +264,8 @@ def measure_loader(num_workers: Sequence[int] = (0, 1, 2, 4), *, work: str = "io
     return result
 
 
-# ------------------------------------------------------------------------------ make bench
-
-
-def _scaling_rank(rank: int, world_size: int, width: int, rows: int, steps: int,
-                  windows: int) -> list[float]:
-    """Samples per second of DDP training, per timing window (all ranks together)."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from .devices import rank_device
-
-    device = rank_device()
-    model = DDP(_mlp(width).to(device))
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(rows, width, device=device)
-    y = torch.randint(0, _CLASSES, (rows,), device=device)
-    loss_fn = nn.CrossEntropyLoss()
-    rates = []
-    for window in range(windows + 1):  # the first window warms up
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(steps):
-            optimizer.zero_grad()
-            loss_fn(model(x), y).backward()
-            optimizer.step()
-        dist.barrier()
-        if window:
-            rates.append(steps * rows * world_size / (time.perf_counter() - start))
-    del model, optimizer
-    return rates
-
-
 def _ring_rank(rank: int, world_size: int, sizes_mb: Sequence[int], repeats: int) -> dict:
-    """Median seconds of ``ring_all_reduce`` and ``dist.all_reduce``, alternating, per size."""
+    """``make bench``: median seconds of ``ring_all_reduce`` and ``dist.all_reduce``, alternating."""
     import torch.distributed as dist
 
     from .collectives import ring_all_reduce
@@ -355,7 +314,7 @@ def _dp_overhead(width: int, rows: int, repeats: int) -> tuple[float, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Print the machine and the four figures of ``make bench``."""
+    """Print the machine and the five figures of ``make bench``."""
     import argparse
 
     from .devices import BACKEND_VARIABLE
@@ -364,8 +323,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="repeats per figure (>= 5)")
+    parser.add_argument("--quick", action="store_true",
+                        help="every figure once on a tiny job: a smoke test, not a measurement")
     args = parser.parse_args(argv)
-    repeats = max(5, args.repeats)
+    repeats = 1 if args.quick else max(5, args.repeats)
     torch.set_num_threads(1)
     began = time.perf_counter()
     # Every figure is a CPU figure (1 thread per rank), on any machine: GPUs would make the two
@@ -376,16 +337,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"each figure: median of {repeats} repeats, the two sides measured in the same run\n")
     rows = []
 
-    # 1. DDP scaling: 2 ranks x 1 thread against 1 rank x 1 thread, compute-bound MLP
-    width, per_rank = 1024, 4096
-    one = statistics.median(cpu_launch(_scaling_rank, 1, width, per_rank, 4, repeats)[0])
-    two = statistics.median(cpu_launch(_scaling_rank, 2, width, per_rank, 4, repeats)[0])
+    # 1 and 5. one job (AdamW on an MLP, the same global batch): DDP on 1 and 2 ranks, FSDP on 2
+    records = {r["strategy"]: r for r in measure_strategies(
+        "tiny" if args.quick else "large", strategies=("ddp_1", "ddp_2", "fsdp_2"),
+        steps=4 * repeats, progress=False, where="cpu")}
+    one, two, fsdp = (records[s]["samples_per_s"] for s in ("ddp_1", "ddp_2", "fsdp_2"))
     rows.append(("DDP scaling, 2 ranks / 1 rank (samples/s)", f"{two:8.0f} / {one:8.0f}",
                  two / one, "ideal 2.0, target >= 1.7"))
 
     # 2. ring all-reduce by hand against gloo's all_reduce, 2 ranks
-    ring = cpu_launch(_ring_rank, 2, [1, 16, 64], repeats)[0]
-    for mb, (ring_s, gloo_s) in ring.items():
+    for mb, (ring_s, gloo_s) in cpu_launch(_ring_rank, 2, [1] if args.quick else [1, 16, 64],
+                                           repeats)[0].items():
         rows.append((f"ring all-reduce / gloo, {mb} MB (bandwidth)",
                      f"{ring_s * 1e3:7.2f} / {gloo_s * 1e3:7.2f} ms", gloo_s / ring_s,
                      "target >= 0.8 at 16 MB" if mb == 16 else ""))
@@ -393,30 +355,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     # 3. launch (ranks forked from the fork server, or fresh interpreters) against torchrun,
     #    a 2-rank no-op each
     cpu_launch(_noop_rank, 2, start="forkserver")  # starts the server: not timed
-    forked_s, fresh_s, torchrun_s = [], [], []
+    seconds: dict[str, list[float]] = {"forkserver": [], "subprocess": [], "torchrun": []}
     for _ in range(repeats):
-        for start_method, into in (("forkserver", forked_s), ("subprocess", fresh_s)):
+        for how in seconds:
             start = time.perf_counter()
-            cpu_launch(_noop_rank, 2, start=start_method)
-            into.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        job = torchrun("course_utils.ddp_train", 2, "--out", os.devnull, "--noop",
-                       env={BACKEND_VARIABLE: "gloo"})
-        torchrun_s.append(time.perf_counter() - start)
-        if job.returncode != 0:
-            raise RuntimeError("torchrun no-op failed:\n" + "\n".join(job.lines + job.log_lines))
-    fm, sm, tm = (statistics.median(x) for x in (forked_s, fresh_s, torchrun_s))
+            if how == "torchrun":
+                job = torchrun("course_utils.ddp_train", 2, "--out", os.devnull, "--noop",
+                               env={BACKEND_VARIABLE: "gloo"})
+                if job.returncode != 0:
+                    raise RuntimeError("torchrun no-op failed:\n" + "\n".join(job.lines + job.log_lines))
+            else:
+                cpu_launch(_noop_rank, 2, start=how)
+            seconds[how].append(time.perf_counter() - start)
+    fm, sm, tm = (statistics.median(x) for x in seconds.values())
     rows.append(("launch (forked) / torchrun, 2-rank no-op (s)", f"{fm:7.2f} / {tm:7.2f} s",
                  fm / tm, "target <= 1.0"))
     rows.append(("launch (forked) / launch (fresh interpreters) (s)", f"{fm:7.2f} / {sm:7.2f} s",
                  fm / sm, "what the fork server saves per launch"))
 
     # 4. emulated DataParallel on 2 simulated devices against the plain forward + backward
-    for label, width, batch in (("small", 64, 256), ("large", 1024, 256)):
+    for label, width, batch in (("small", 64, 256), ("large", 64 if args.quick else 1024, 256)):
         plain, emulated = _dp_overhead(width, batch, repeats)
         rows.append((f"emulated DP (2 sim) / plain, {label} MLP w={width}",
                      f"{emulated * 1e3:7.2f} / {plain * 1e3:7.2f} ms", emulated / plain,
                      "time ratio; 1.0 = no overhead"))
+    ddp_s, fsdp_s = records["ddp_2"]["step_time_s"], records["fsdp_2"]["step_time_s"]
+    rows.append(("FSDP / DDP step time, 2 ranks, same job (s)", f"{fsdp_s:7.3f} / {ddp_s:7.3f} s",
+                 fsdp_s / ddp_s, "ZeRO-3 sends 1.5x DDP's bytes; overlap decides the rest"))
 
     width0 = max(len(r[0]) for r in rows)
     print(f"{'figure':{width0}}  {'measured':>22}  {'ratio':>6}  note")

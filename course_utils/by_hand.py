@@ -36,6 +36,7 @@ from ._checks import check_int
 from .simulated import (
     Device,
     SimDevice,
+    check_scatter_sizes,
     note_memory,
     parse_device,
     parse_devices,
@@ -77,7 +78,7 @@ def scatter(inputs: Any, device_ids: Sequence[Any], dim: int = 0, *, strict: boo
     """
     devices = parse_devices(device_ids)
     dim = check_int("dim", dim)
-    _check_sizes(inputs, len(devices), dim, strict)
+    check_scatter_sizes(inputs, len(devices), dim, strict)
     if not _is_sim(devices):
         result = torch.nn.parallel.scatter(inputs, [d.index for d in devices], dim)
         for device, part in zip(devices, result, strict=False):
@@ -105,20 +106,6 @@ def scatter(inputs: Any, device_ids: Sequence[Any], dim: int = 0, *, strict: boo
     return scatter_map(inputs)
 
 
-def _check_sizes(inputs: Any, n: int, dim: int, strict: bool) -> None:
-    for t in tensors_in(inputs):
-        if t.dim() == 0:
-            raise ValueError("cannot scatter a 0-dim tensor: it has no dimension to split")
-        if not -t.dim() <= dim < t.dim():
-            raise ValueError(f"dim={dim} is out of range for a tensor of shape {tuple(t.shape)}")
-        if strict and t.size(dim) < n:
-            raise ValueError(
-                f"a tensor of shape {tuple(t.shape)} has {t.size(dim)} entries along dim={dim}, "
-                f"fewer than the {n} devices: nn.DataParallel would silently run on only "
-                f"{t.size(dim)} of them. Use a bigger batch, fewer devices, or strict=False"
-            )
-
-
 def scatter_kwargs(
     inputs: tuple, kwargs: dict | None, device_ids: Sequence[Any], dim: int = 0, *,
     strict: bool = True,
@@ -128,14 +115,11 @@ def scatter_kwargs(
         raise TypeError(f"inputs must be a tuple of positional arguments, got {type(inputs).__name__}")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise TypeError(f"kwargs must be a dict or None, got {type(kwargs).__name__}")
-    scattered_inputs = scatter(inputs, device_ids, dim, strict=strict) if inputs else []
-    scattered_kwargs = scatter(kwargs, device_ids, dim, strict=strict) if kwargs else []
-    scattered_inputs = list(scattered_inputs)
-    scattered_kwargs = list(scattered_kwargs)
-    while len(scattered_inputs) < len(scattered_kwargs):
-        scattered_inputs.append(())
-    while len(scattered_kwargs) < len(scattered_inputs):
-        scattered_kwargs.append({})
+    scattered_inputs = list(scatter(inputs, device_ids, dim, strict=strict)) if inputs else []
+    scattered_kwargs = list(scatter(kwargs, device_ids, dim, strict=strict)) if kwargs else []
+    n = max(len(scattered_inputs), len(scattered_kwargs))  # pad the shorter one
+    scattered_inputs += [()] * (n - len(scattered_inputs))
+    scattered_kwargs += [{}] * (n - len(scattered_kwargs))
     return tuple(scattered_inputs), tuple(scattered_kwargs)
 
 

@@ -170,9 +170,9 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
 def _storage(t: torch.Tensor) -> Any:
     try:
         storage = t.untyped_storage()
-    except (RuntimeError, NotImplementedError, TypeError):  # no storage (sparse, meta...)
+        return storage if storage.data_ptr() else None  # empty tensors hold no memory
+    except (RuntimeError, NotImplementedError, TypeError):  # no storage (sparse, meta, DTensor...)
         return None
-    return storage if storage.data_ptr() else None  # empty tensors hold no memory
 
 
 class DeviceAudit(torch.overrides.TorchFunctionMode):

@@ -1,4 +1,5 @@
-"""Where the bytes go on each device: a memory ledger for four strategies (notebook 04).
+"""Where the bytes go on each device: a memory ledger for four strategies (notebook 04; the
+sharded strategies of notebook 09 are in ``sharding.sharded_ledger``).
 
 ``ledger(spec, strategy, batch_size=..., num_devices=...)`` counts, per device, the bytes held
 at the peak of a training step (the start of backward, when the activations, the outputs and the
@@ -6,11 +7,9 @@ loss's saved tensors all coexist with the model state):
 
 ============== ==================================================================================
 parameters      the model (DataParallel: the original on device 0, a replica on every device)
-gradients       ``.grad`` on device 0; DataParallel replicas hold theirs until they are summed
-                onto device 0; DDP ranks hold a full set each
+gradients       ``.grad`` on device 0; DataParallel replicas' until summed there; DDP: on every rank
 optimizer state Adam's two moments (``optimizer="adam"``), SGD momentum's one, plain SGD none
-DDP buckets     DDP's flat gradient buckets, a second copy of the gradients
-                (``gradient_as_bucket_view=False``, the default)
+DDP buckets     DDP's flat gradient buckets: a second copy (``gradient_as_bucket_view=False``)
 activations     tensors saved for backward, for the rows this device processes
 inputs          the batch: DataParallel's device 0 holds all of it (its chunk is a view)
 outputs         DataParallel: gathered on ``output_device``; otherwise each device's own rows
@@ -19,9 +18,9 @@ targets         the labels, where the loss is computed
 loss            what the loss saves for backward (log-probabilities for cross-entropy)
 ============== ==================================================================================
 
-Strategies: ``"dp"`` (``nn.DataParallel``, ``output_device`` 0 unless given), ``"parallel_criterion"``
-(outputs stay on their devices and each device computes its part of the loss), ``"ddp"``.
-Replica outputs freed after ``gather`` and transient buffers of the kernels are not counted.
+Strategies: ``"dp"`` (``nn.DataParallel``), ``"parallel_criterion"`` (each device computes its
+part of the loss), ``"ddp"``. Replica outputs freed after ``gather`` and kernels' transient
+buffers are not counted.
 """
 
 from __future__ import annotations
@@ -56,8 +55,7 @@ def saved_tensor_bytes(fn: Callable[[], object], exclude: Sequence[torch.Tensor]
     """Bytes that autograd saves for backward while ``fn()`` runs: ``(floating, other)``.
 
     Each storage counts once; storages of ``exclude`` (parameters, the inputs) do not count.
-    ``other`` holds integer and boolean tensors (indices, dropout masks), which do not scale
-    with the float dtype.
+    ``other``: integer and boolean tensors (indices, dropout masks), whatever the float dtype.
     """
     if not callable(fn):
         raise TypeError(f"fn must be a function of no arguments that runs the forward pass, "
@@ -81,12 +79,9 @@ def saved_tensor_bytes(fn: Callable[[], object], exclude: Sequence[torch.Tensor]
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What the ledger needs to know about a model, per sample, in fp32 terms.
-
-    ``activation_floats`` and ``activation_other_bytes``: saved-for-backward floats and bytes of
-    non-float tensors per sample; ``inputs``/``outputs``/``targets``: elements per sample;
-    ``loss_saved_floats``: floats per sample that the loss saves for backward.
-    """
+    """What the ledger needs to know about a model, per sample, in fp32 terms: saved-for-backward
+    floats and bytes of non-float tensors (``activation_*``), elements of ``inputs``/``outputs``/
+    ``targets``, and floats the loss saves for backward (``loss_saved_floats``)."""
 
     name: str
     parameters: int
@@ -104,8 +99,7 @@ class ModelSpec:
         if not isinstance(self.name, str):
             raise TypeError(f"name must be a str, got {type(self.name).__name__}")
         for field_name in ("parameters", "inputs", "outputs", "targets", "loss_saved_floats"):
-            value = getattr(self, field_name)
-            if check_int(field_name, value) < 0:
+            if check_int(field_name, value := getattr(self, field_name)) < 0:
                 raise ValueError(f"{field_name} must be an int >= 0, got {value}")
         for field_name in ("input_itemsize", "target_itemsize"):
             check_positive_int(field_name, getattr(self, field_name))
@@ -129,10 +123,9 @@ class ModelSpec:
     @classmethod
     def from_module(cls, name: str, module: nn.Module, example: torch.Tensor,
                     target: torch.Tensor, loss_fn: Callable, notes: str = "") -> ModelSpec:
-        """Measure a model: count its parameters and what a forward and the loss save per sample.
+        """Measure a model: its parameters, and what a forward and the loss save per sample.
 
-        ``example`` and ``target`` are a small batch (two rows or more); the figures are divided
-        by its size. Measured in fp32 on the CPU, in train mode.
+        ``example`` and ``target``: a small batch (two rows or more), measured in fp32, train mode.
         """
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
@@ -161,9 +154,8 @@ class ModelSpec:
                   intermediate: int = 3072, seq_len: int = 128, dropout: float = 0.1) -> ModelSpec:
         """A BERT-base-like encoder with an untied vocabulary head, trained with cross-entropy.
 
-        The parameters are counted exactly. The activations are measured on real
-        ``BertLike`` modules with one and two layers (and a small vocabulary, which changes no
-        activation), then extrapolated to ``layers``: every encoder layer saves the same.
+        Parameters counted exactly; activations measured on ``BertLike`` modules with one and two
+        layers (and a small vocabulary), then extrapolated: every encoder layer saves the same.
         """
         from .models import BertLike
 
@@ -206,9 +198,8 @@ class Ledger:
 
     @property
     def label(self) -> str:
-        if self.strategy == "dp":
-            return f"DataParallel, output_device={self.output_device}"
-        return {"parallel_criterion": "parallel criterion", "ddp": "DDP"}[self.strategy]
+        return {"dp": f"DataParallel, output_device={self.output_device}",
+                "parallel_criterion": "parallel criterion", "ddp": "DDP"}[self.strategy]
 
     def total(self, device: int) -> int:
         return sum(self.rows[device].values())
@@ -254,8 +245,7 @@ def ledger(spec: ModelSpec, strategy: str, *, batch_size: int, num_devices: int,
                          f"multiple of num_devices={num_devices}")
 
     s = torch.tensor([], dtype=dtype).element_size()
-    sizes = split_sizes(batch_size, num_devices)
-    rows_on = sizes + [0] * (num_devices - len(sizes))
+    rows_on = (sizes := split_sizes(batch_size, num_devices)) + [0] * (num_devices - len(sizes))
     P = spec.parameters * s
     states = _OPTIMIZER_STATES[optimizer] * P
 
@@ -366,11 +356,10 @@ def _ddp_peak_rank(rank: int, world_size: int, config: dict, per_rank_batch: int
 
 def cuda_peak_bytes(strategy: str, config: dict, *, batch_size: int, num_devices: int,
                     output_device: int = 0) -> list[int]:
-    """Measure ``torch.cuda.max_memory_allocated`` per GPU for the second step of a training run.
+    """``torch.cuda.max_memory_allocated`` per GPU in the second step of a training run.
 
-    Trains a ``BertLike(**config)`` with Adam and token-level cross-entropy under ``strategy``
-    (``"dp"``, ``"parallel_criterion"`` or ``"ddp"``) on GPUs ``0..num_devices-1``. The first
-    step creates the optimizer state; the second step's peak is what the ledger models.
+    A ``BertLike(**config)`` with Adam and token-level cross-entropy under ``strategy`` on GPUs
+    ``0..num_devices-1``; the first step creates the optimizer state, the second is measured.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")

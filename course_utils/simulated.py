@@ -24,6 +24,7 @@ __all__ = [
     "Device",
     "MemoryRecord",
     "SimDevice",
+    "check_scatter_sizes",
     "course_devices",
     "note_memory",
     "parse_device",
@@ -197,3 +198,19 @@ def tensors_in(obj: Any) -> Iterator[torch.Tensor]:
     elif isinstance(obj, dict):
         for item in obj.values():
             yield from tensors_in(item)
+
+
+def check_scatter_sizes(inputs: Any, n: int, dim: int, strict: bool) -> None:
+    """Refuse a scatter of ``inputs`` over ``n`` devices along ``dim`` that cannot be done (or,
+    with ``strict``, that would leave devices idle)."""
+    for t in tensors_in(inputs):
+        if t.dim() == 0:
+            raise ValueError("cannot scatter a 0-dim tensor: it has no dimension to split")
+        if not -t.dim() <= dim < t.dim():
+            raise ValueError(f"dim={dim} is out of range for a tensor of shape {tuple(t.shape)}")
+        if strict and t.size(dim) < n:
+            raise ValueError(
+                f"a tensor of shape {tuple(t.shape)} has {t.size(dim)} entries along dim={dim}, "
+                f"fewer than the {n} devices: nn.DataParallel would silently run on only "
+                f"{t.size(dim)} of them. Use a bigger batch, fewer devices, or strict=False"
+            )

@@ -104,8 +104,9 @@ def test_bench_figures_all_run_on_the_cpu_with_gloo(monkeypatch, capsys):
 
     def fake_launch(fn, world_size, *args, **kwargs):
         calls.append((fn.__name__, kwargs))
-        if fn.__name__ == "_scaling_rank":
-            return [[1.0] * args[-1]] * world_size
+        if fn.__name__ == "_harness_rank":
+            return [{"step_time_s": 1.0, "memory_mb": [1.0], "state_mb": 1.0, "on_gpu": False,
+                     "where": "cpu"}] * world_size
         if fn.__name__ == "_ring_rank":
             return [{mb: (1.0, 1.0) for mb in args[0]}] * world_size
         return list(range(world_size))
@@ -182,7 +183,8 @@ CASES = {
     "bench._harness_rank parallel_criterion": (1, ("parallel_criterion", 16, 8, 2, 1)),
     "bench._harness_rank ddp_2": (2, ("ddp_2", 16, 8, 2, 1)),
     "bench._harness_rank ddp_2_amp": (2, ("ddp_2_amp", 16, 8, 2, 1)),
-    "bench._scaling_rank": (2, (16, 4, 1, 1)),
+    "bench._harness_rank zero1_2": (2, ("zero1_2", 16, 8, 2, 1)),
+    "bench._harness_rank fsdp_2": (2, ("fsdp_2", 16, 8, 2, 1)),
     "bench._ring_rank": (2, ([1], 1)),
     "bench._noop_rank": (2, ()),
     "collectives.check_ring_all_reduce": (3, ([1, 7, 64],)),
@@ -201,12 +203,16 @@ CASES = {
     "ddp_demos.mismatched_all_reduce": (2, (True,)),
     "ddp_train.train_ddp": (2, (TINY,)),
     "memory._ddp_peak_rank": (2, (BERT, 2)),
+    "sharding.by_hand_rank": (2, ()),
+    "sharding.api_rank": (2, (2, 8, 1e-2, "{tmp}/ckpt")),
 }
 #: Rank functions that cannot finish under the audit, and why that is safe.
 EXEMPT = {
     "fault_demos.die_while_saving": "kills itself with SIGKILL mid-save by design; it calls no "
                                     "module and no collective, so it has no device to get wrong",
     "devices.audited": "the audit itself",
+    "sharding.dcp_load_rank": "needs the checkpoint that sharding.api_rank writes (audited above); "
+                              "tests/test_sharding.py runs the two in turn",
 }
 
 

@@ -26,7 +26,7 @@ def test_there_are_notebooks_and_they_are_numbered():
 def test_nbval_collects_every_code_cell_of_every_notebook():
     """`make test` runs plain `pytest`; nbval must pick up every notebook in notebooks/."""
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "notebooks"],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", "notebooks"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr

@@ -91,9 +91,8 @@ def test_ledger_invariants(spec, strategy, batch_size, num_devices, data):
                   output_device=output_device)
     assert len(book.rows) == num_devices
     assert sum(book.rows_per_device) == batch_size
-    for device, row in enumerate(book.rows):
+    for row in book.rows:
         assert set(row) == set(CATEGORIES) and all(v >= 0 for v in row.values())
-        assert book.total(device) == sum(row.values())
     # every device that computes holds a full copy of the parameters and their gradients
     working = [row for row, r in zip(book.rows, book.rows_per_device, strict=True) if r]
     assert len({(row["parameters"], row["gradients"]) for row in working}) == 1
@@ -122,6 +121,23 @@ def test_ledger_invariants(spec, strategy, batch_size, num_devices, data):
             assert sum(r[c] for r in book.rows) == sum(r[c] for r in base.rows)
 
 
+def assert_same_state(a, b, where="state"):
+    """Equal structure, equal plain values, and tensors equal bit for bit (printing rounds)."""
+    assert type(a) is type(b), where
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same_state(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_state(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
 @given(st.integers(1, 6), st.integers(1, 6), st.integers(0, 1000), st.integers(0, 50),
        st.dictionaries(st.text("abcdef", min_size=1, max_size=4), st.integers() | st.text(max_size=5),
                        max_size=3),
@@ -145,5 +161,5 @@ def test_snapshot_round_trip(inputs, outputs, global_step, step_in_epoch, extra,
     assert info.extra == extra
     for key, value in model.state_dict().items():
         assert torch.equal(copy.state_dict()[key], value)
-    assert str(copy_optimizer.state_dict()) == str(optimizer.state_dict())
+    assert_same_state(copy_optimizer.state_dict(), optimizer.state_dict())
     assert torch.equal(torch.rand(4), after_save)  # the generator is back where it was saved

@@ -1,0 +1,229 @@
+"""Exercises of notebook 09 (sharded data parallelism), with their reference solutions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .core import Exercise
+
+__all__ = ["EXERCISES"]
+
+_PSI, _N = 1_000_000_000, 8
+
+
+def _judge_zero2_bytes(answer: Any) -> str | None:
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        return f"write a number of bytes, not {type(answer).__name__}"
+    right = 2 * _PSI + (2 + 12) * _PSI / _N
+    if abs(answer - right) <= 0.005 * right:
+        return None
+    if abs(answer - 16 * _PSI) < 0.01 * _PSI:
+        return "that is DDP's figure: stage 2 shards the gradients and the optimizer state"
+    if abs(answer - 16 * _PSI / _N) < 0.01 * _PSI:
+        return "that is ZeRO-3: in stage 2 every rank still holds all the fp16 parameters"
+    if abs(answer - (4 * _PSI + 12 * _PSI / _N)) < 0.01 * _PSI:
+        return "that is ZeRO-1: stage 2 also shards the gradients"
+    if abs(answer - (2 * _PSI + 10 * _PSI / _N)) < 0.01 * _PSI or abs(answer - (4 * _PSI + 12 * _PSI)) < _PSI:
+        return ("count K = 12 bytes of Adam state per parameter in mixed precision: an fp32 master "
+                "copy and two fp32 moments")
+    return "add three terms per rank: fp16 parameters (all), fp16 gradients (a shard), Adam state (a shard)"
+
+
+def zero1_step_rank(rank: int, world_size: int, answer: Any) -> str | None:
+    """One rank of exercise 09.2's check: ``answer`` against AdamW on the averaged gradient."""
+    import torch.distributed as dist
+
+    from ..devices import rank_device
+
+    device = rank_device()
+    g = torch.Generator().manual_seed(0)
+    start = torch.randn(8 * world_size, generator=g).to(device)
+    grads = [torch.randn(8 * world_size, generator=g).to(device) for _ in range(world_size)]
+    reference = torch.nn.Parameter(start.clone())
+    reference.grad = sum(grads) / world_size
+    torch.optim.AdamW([reference], lr=0.1).step()
+
+    flat_param = start.clone()
+    shard = torch.nn.Parameter(flat_param[8 * rank:8 * (rank + 1)].clone())
+    optimizer = torch.optim.AdamW([shard], lr=0.1)
+    answer(flat_param, grads[rank].clone(), shard, optimizer)
+    mine = slice(8 * rank, 8 * (rank + 1))
+    dist.barrier()
+    if shard.grad is None:
+        return "shard.grad is still None: reduce-scatter the gradient into a tensor and set shard.grad"
+    if torch.allclose(shard.grad, sum(grads)[mine]):
+        return "shard.grad is the sum over the ranks: DDP averages, so divide by the world size"
+    if not torch.allclose(shard.grad, reference.grad[mine]):
+        return "shard.grad is not this rank's slice of the averaged gradient: reduce-scatter flat_grad"
+    if not torch.allclose(flat_param[mine], reference.detach()[mine]):
+        return "this rank's slice of flat_param was not updated: gather the stepped shards back into it"
+    if not torch.allclose(flat_param, reference.detach()):
+        return "the other ranks' slices of flat_param are stale: all-gather the updated shards into it"
+    return None
+
+
+def _judge_zero1_step(answer: Any) -> str | None:
+    if not callable(answer):
+        return f"zero1_step must stay a function, got {type(answer).__name__}"
+    from ..distributed import LaunchTimeout, RankError, launch
+
+    try:
+        hints = launch(zero1_step_rank, 2, answer, echo=False, timeout_s=60, stacks=False)
+    except LaunchTimeout:
+        return "the ranks hung: every rank must call the same collectives, in the same order"
+    except RankError as err:
+        return f"a rank failed: {str(err).strip().splitlines()[0]}"
+    return next((h for h in hints if h is not None), None)
+
+
+def clip_rank(rank: int, world_size: int, answer: Any) -> str | None:
+    """One rank of exercise 09.3's check: the total norm and the clipped shards."""
+    from ..devices import rank_device
+
+    device = rank_device()
+    g = torch.Generator().manual_seed(1)
+    full = [torch.randn(6, 4, generator=g).to(device) * (i + 1) for i in range(3)]
+    total = torch.sqrt(sum(t.square().sum() for t in full))
+    shards = [t.chunk(world_size)[rank].clone() for t in full]
+    got = answer(shards, 1.0)
+    got = float(got)
+    if abs(got - total.item()) > 1e-4 * total.item():
+        local = torch.sqrt(sum(s.square().sum() for s in [t.chunk(world_size)[rank] for t in full])).item()
+        if abs(got - local) < 1e-4 * local:
+            return "that is the norm of this rank's shards only: the other ranks hold the rest"
+        return ("norms do not add up across ranks: sum the squares over the ranks (an all-reduce), "
+                "then take the square root")
+    scale = 1.0 / (total.item() + 1e-6)
+    for s, t in zip(shards, full, strict=True):
+        if not torch.allclose(s, t.chunk(world_size)[rank] * scale, rtol=1e-4, atol=1e-7):
+            return "the norm is right, but the shards were not scaled by max_norm / total on every rank"
+    return None
+
+
+def _judge_clip(answer: Any) -> str | None:
+    if not callable(answer):
+        return f"clip_sharded must stay a function, got {type(answer).__name__}"
+    from ..distributed import LaunchTimeout, RankError, launch
+
+    try:
+        hints = launch(clip_rank, 2, answer, echo=False, timeout_s=60, stacks=False)
+    except LaunchTimeout:
+        return "the ranks hung: every rank must take part in the same all-reduce"
+    except RankError as err:
+        return f"a rank failed: {str(err).strip().splitlines()[0]}"
+    return next((h for h in hints if h is not None), None)
+
+
+# The names the answer cells use, bound without an import statement: compiled in one unit with an
+# answer, "import torch" would make Python 3.11 compile torch.sqrt(...) differently from the same
+# cell run in the notebook (where torch was imported in another cell), and the unchanged starter of
+# a fix exercise would not be recognised as such.
+_CONTEXT = 'torch = __import__("torch")\ndist = __import__("torch.distributed").distributed\n'
+
+_ZERO1_STARTER = '''def zero1_step(flat_param, flat_grad, shard, optimizer):
+    """ZeRO-1's step on one rank. flat_param: the whole model as one 1-D tensor (its length a
+    multiple of N); flat_grad: this rank's own gradient of it; shard: an nn.Parameter, this rank's
+    slice of flat_param, the only parameter `optimizer` updates. Give the shard the gradient
+    averaged over the ranks, step, and put every rank's updated shard back into flat_param."""
+    raise NotImplementedError
+'''
+
+_CLIP_STARTER = '''def clip_sharded(grad_shards, max_norm):
+    """Scale this rank's gradient shards in place so that the norm of the WHOLE gradient (all
+    ranks' shards together) is at most max_norm; return that total norm."""
+    total = torch.sqrt(sum(g.square().sum() for g in grad_shards))
+    scale = min(1.0, max_norm / (total.item() + 1e-6))
+    for g in grad_shards:
+        g.mul_(scale)
+    return total
+'''
+
+EXERCISES = [
+    Exercise(
+        key="09.1",
+        kind="predict",
+        title="bytes per rank under ZeRO-2 with N = 8",
+        answer="zero2_bytes_per_rank",
+        starter="zero2_bytes_per_rank = ...  # model state per rank, in bytes\n",
+        solution="zero2_bytes_per_rank = 2 * 10**9 + (2 + 12) * 10**9 / 8  # 2Ψ + (2 + K)Ψ/N\n",
+        judge=_judge_zero2_bytes,
+        wrong=(("zero2_bytes_per_rank = 16 * 10**9 / 8", "that is ZeRO-3"),
+               ("zero2_bytes_per_rank = 4 * 10**9 + 12 * 10**9 / 8", "that is ZeRO-1"),
+               ("zero2_bytes_per_rank = 16 * 10**9", "that is DDP's figure"),
+               ("zero2_bytes_per_rank = 2 * 10**9 + 10 * 10**9 / 8", "K = 12")),
+    ),
+    Exercise(
+        key="09.2",
+        kind="implement",
+        title="the stage-1 step: reduce-scatter, step, all-gather",
+        answer="zero1_step",
+        starter=_ZERO1_STARTER,
+        solution='''def zero1_step(flat_param, flat_grad, shard, optimizer):
+    """ZeRO-1's step on one rank (see the question)."""
+    world_size = dist.get_world_size()
+    grad = torch.empty_like(shard)
+    dist.reduce_scatter_single(grad, flat_grad)  # this rank's slice, summed over the ranks
+    shard.grad = grad / world_size
+    optimizer.step()
+    dist.all_gather_single(flat_param, shard.detach().clone())
+''',
+        judge=_judge_zero1_step,
+        wrong=(('''def zero1_step(flat_param, flat_grad, shard, optimizer):
+    grad = torch.empty_like(shard)
+    dist.reduce_scatter_single(grad, flat_grad)
+    shard.grad = grad
+    optimizer.step()
+    dist.all_gather_single(flat_param, shard.detach().clone())
+''', "divide by the world size"),
+               ('''def zero1_step(flat_param, flat_grad, shard, optimizer):
+    grad = torch.empty_like(shard)
+    dist.reduce_scatter_single(grad, flat_grad)
+    shard.grad = grad / dist.get_world_size()
+    optimizer.step()
+''', "was not updated"),
+               ('''def zero1_step(flat_param, flat_grad, shard, optimizer):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    grad = torch.empty_like(shard)
+    dist.reduce_scatter_single(grad, flat_grad)
+    shard.grad = grad / n
+    optimizer.step()
+    size = shard.numel()
+    flat_param[rank * size:(rank + 1) * size] = shard.detach()
+''', "the other ranks' slices of flat_param are stale")),
+        context=_CONTEXT,
+    ),
+    Exercise(
+        key="09.3",
+        kind="fix",
+        title="gradient clipping across shards",
+        answer="clip_sharded",
+        starter=_CLIP_STARTER,
+        solution='''def clip_sharded(grad_shards, max_norm):
+    """Scale this rank's gradient shards in place so that the norm of the WHOLE gradient (all
+    ranks' shards together) is at most max_norm; return that total norm."""
+    squares = sum(g.square().sum() for g in grad_shards)
+    dist.all_reduce(squares)  # the sum of squares over every rank's shards
+    total = torch.sqrt(squares)
+    scale = min(1.0, max_norm / (total.item() + 1e-6))
+    for g in grad_shards:
+        g.mul_(scale)
+    return total
+''',
+        judge=_judge_clip,
+        wrong=((_CLIP_STARTER.replace("    total = torch.sqrt(sum(g.square().sum() for g in grad_shards))\n",
+                                      "    total = torch.sqrt(sum(g.square().sum() for g in grad_shards))\n"
+                                      "    total = total + 0.0  # the same local norm\n"),
+                "this rank's shards only"),
+               ('''def clip_sharded(grad_shards, max_norm):
+    total = torch.sqrt(sum(g.square().sum() for g in grad_shards))
+    dist.all_reduce(total)  # adds the ranks' norms
+    scale = min(1.0, max_norm / (total.item() + 1e-6))
+    for g in grad_shards:
+        g.mul_(scale)
+    return total
+''', "norms do not add up")),
+        context=_CONTEXT,
+    ),
+]

@@ -1,0 +1,351 @@
+"""Sharded data parallelism: the ledgers (memory and bytes sent per rank) and the runs of notebook 09.
+
+Memory per rank for Ψ parameters on N ranks, with p, g bytes per parameter and gradient element
+and K bytes of optimizer state per parameter (fp32 Adam: 4, 4, 8; mixed precision: 2, 2, 12):
+
+========= ============== ============== ===============
+strategy  parameters     gradients      optimizer state
+========= ============== ============== ===============
+DDP       pΨ             gΨ             KΨ
+ZeRO-1    pΨ             gΨ             KΨ/N
+ZeRO-2    pΨ             gΨ/N           KΨ/N
+ZeRO-3    pΨ/N           gΨ/N           KΨ/N
+FSDP      as ZeRO-3, each parameter's rows split as ``torch.chunk`` splits them
+========= ============== ============== ===============
+
+Bytes each rank sends per step (ring collectives): DDP, ZeRO-1 and ZeRO-2 ``2 sΨ (N-1)/N``,
+ZeRO-3 ``3 sΨ (N-1)/N`` (a second all-gather of the parameters, for backward).
+The rank functions (``by_hand_rank``, ``api_rank``, ``dcp_load_rank``) train ``toy_model()`` on
+``toy_batches`` and return what the notebook and the tests compare.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from ._checks import check_int, check_positive_int
+from .memory import Ledger, ModelSpec, ledger
+from .zero import STAGES, CommLog, ZeroByHand, shard_numel
+
+__all__ = [
+    "SHARDED",
+    "ShardedLedger",
+    "api_rank",
+    "by_hand_rank",
+    "comm_bytes_per_step",
+    "dcp_load_rank",
+    "fsdp_local_numel",
+    "fsdp_model",
+    "model_state_bytes",
+    "sharded_bytes",
+    "shard_layers",
+    "sharded_ledger",
+    "toy_batches",
+    "toy_model",
+    "train_single",
+]
+
+#: strategy -> (parameters, gradients, optimizer state) sharded?
+SHARDED = {"ddp": (False, False, False), "zero1": (False, False, True), "zero2": (False, True, True),
+           "zero3": (True, True, True), "fsdp": (True, True, True)}
+_LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "fsdp": "FSDP"}
+
+
+def _check_strategy(strategy: str) -> None:
+    if strategy not in SHARDED:
+        raise ValueError(f"strategy must be one of {tuple(SHARDED)}, got {strategy!r}")
+
+
+def fsdp_local_numel(shapes: Sequence[Sequence[int]], world_size: int, rank: int) -> int:
+    """Elements of ``rank``'s shards under ``fully_shard``: each parameter's dim 0 chunked as
+    ``torch.chunk`` chunks it (so the last ranks may hold fewer rows, or none)."""
+    world_size = check_positive_int("world_size", world_size)
+    rank = check_int("rank", rank)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank}")
+    total = 0
+    for shape in shapes:
+        rows, per_row = shape[0], int(torch.Size(shape[1:]).numel())
+        size = -(-rows // world_size)
+        total += max(0, min(rows - rank * size, size)) * per_row
+    return total
+
+
+def sharded_bytes(numels: Sequence[int], world_size: int, strategy: str, *, rank: int = 0,
+                  shapes: Sequence[Sequence[int]] = (), param_bytes: int = 4, grad_bytes: int = 4,
+                  state_bytes: int = 8) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state on ``rank``: the ledger's model rows.
+
+    ``numels``: elements of each flat unit (for ZeRO, ``ZeroByHand`` pads each to a multiple of N,
+    and so does this count); for ``"fsdp"``, ``shapes`` (every parameter's shape) is used instead.
+    """
+    _check_strategy(strategy)
+    world_size = check_positive_int("world_size", world_size)
+    if strategy == "fsdp":
+        shard = full = fsdp_local_numel(shapes, world_size, rank)
+    else:
+        if any(check_int("numels", n) < 0 for n in numels):
+            raise ValueError(f"numels must be ints >= 0, got {list(numels)!r}")
+        shard = sum(shard_numel(n, world_size) for n in numels)
+        full = sum(numels) if strategy == "ddp" else shard * world_size
+    p, g, k = SHARDED[strategy]
+    return {"parameters": (shard if p else full) * param_bytes,
+            "gradients": (shard if g else full) * grad_bytes,
+            "optimizer state": (shard if k else full) * state_bytes}
+
+
+def comm_bytes_per_step(numel: int, world_size: int, strategy: str, itemsize: int = 4) -> float:
+    """Bytes one rank sends per training step: ``2 sΨ(N-1)/N`` (DDP, ZeRO-1/2), ``3 sΨ(N-1)/N`` (ZeRO-3)."""
+    _check_strategy(strategy)
+    world_size = check_positive_int("world_size", world_size)
+    if check_int("numel", numel) < 0:
+        raise ValueError(f"numel must be >= 0, got {numel}")
+    passes = 3 if strategy in ("zero3", "fsdp") else 2
+    return passes * numel * itemsize * (world_size - 1) / world_size
+
+
+@dataclasses.dataclass
+class ShardedLedger(Ledger):
+    """A DDP ledger whose model state is sharded as ``SHARDED[strategy]`` says (notebook 09)."""
+
+    @property
+    def label(self) -> str:
+        return _LABELS[self.strategy]
+
+
+def sharded_ledger(spec: ModelSpec, strategy: str, *, batch_size: int, num_devices: int,
+                   mixed_precision: bool = False) -> Ledger:
+    """Notebook 04's DDP ledger with the model state of ``strategy``; activations unchanged.
+
+    ``mixed_precision``: 2-byte parameters and gradients, 12 bytes of Adam state per parameter
+    (an fp32 master copy and two fp32 moments): the (2 + 2 + K)Ψ of the ZeRO paper, K = 12.
+    Activations, inputs and outputs are counted in fp32 either way. No DDP buckets except DDP's.
+    """
+    _check_strategy(strategy)
+    base = ledger(spec, "ddp", batch_size=batch_size, num_devices=num_devices)
+    sizes = (2, 2, 12) if mixed_precision else (4, 4, 8)
+    psi, n = spec.parameters, num_devices
+    rows = []
+    for row in base.rows:
+        row = dict(row)
+        for (name, sharded), size in zip(zip(("parameters", "gradients", "optimizer state"),
+                                             SHARDED[strategy], strict=True), sizes, strict=True):
+            row[name] = size * (-(-psi // n) if sharded else psi)
+        row["DDP buckets"] = row["gradients"] if strategy == "ddp" else 0
+        rows.append(row)
+    return ShardedLedger(spec, strategy, batch_size, 0, base.rows_per_device, rows)
+
+
+# ------------------------------------------------------------------ the runs of notebook 09
+
+
+def toy_model(width: int = 32) -> nn.Sequential:
+    """Three ``nn.Linear`` layers (the units that get sharded), seeded: the same on every rank."""
+    width = check_positive_int("width", width)
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                         nn.Linear(width, 4))
+
+
+def toy_batches(steps: int, rows: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``steps`` global batches of ``rows`` rows (inputs, regression targets), from a fixed seed."""
+    steps, rows = check_positive_int("steps", steps), check_positive_int("rows", rows)
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(rows, 16, generator=g), torch.randn(rows, 4, generator=g)) for _ in range(steps)]
+
+
+def train_single(steps: int = 3, rows: int = 12, lr: float = 1e-2) -> list[torch.Tensor]:
+    """One process, whole batches, AdamW: the parameters every sharded run must reproduce."""
+    model = toy_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    for x, y in toy_batches(steps, rows):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def by_hand_rank(rank: int, world_size: int, stages: Sequence[int] = (0, 1, 2, 3), steps: int = 3,
+                 rows: int = 12, lr: float = 1e-2) -> dict:
+    """One rank: real DDP, then ``ZeroByHand`` at each stage, on this rank's rows of each batch.
+
+    Returns, per run, the full parameters after training, and for the stages the bytes held
+    after the last step (``held_bytes``) and the bytes sent per step (``CommLog``).
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .devices import rank_device
+
+    if not stages or any(stage not in STAGES for stage in stages):
+        raise ValueError(f"stages must be a non-empty list drawn from {STAGES}, got {stages!r}")
+    device = rank_device()
+    batches = [(x.chunk(world_size)[rank].to(device), y.chunk(world_size)[rank].to(device))
+               for x, y in toy_batches(steps, rows)]
+    model = toy_model().to(device)
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=lr)
+    for x, y in batches:
+        optimizer.zero_grad()
+        nn.functional.mse_loss(ddp_model(x), y).backward()
+        optimizer.step()
+    out: dict = {"ddp": {"parameters": [p.detach().cpu() for p in model.parameters()]}}
+    del ddp_model, optimizer
+    for stage in stages:
+        model = toy_model().to(device)
+        zero = ZeroByHand(model, stage, lr=lr, comm=CommLog())
+        for x, y in batches:
+            zero.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            zero.step()
+        held, sent = zero.held_bytes(), {k: v / steps for k, v in zero.comm.sent.items()}
+        out[f"zero{stage}"] = {"parameters": [p.cpu() for p in zero.full_parameters()],
+                               "held": held, "sent": sent, "numels": [u.numel for u in zero.units]}
+    return out
+
+
+def shard_layers(model: nn.Module, *, mixed_precision: bool = False,
+                 reshard_after_forward: bool = True) -> nn.Module:
+    """FSDP2: ``fully_shard`` on each ``nn.Linear`` of ``model`` (one unit each), then on the root."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if mixed_precision else MixedPrecisionPolicy()
+    for layer in model.modules():
+        if isinstance(layer, nn.Linear) and layer is not model:
+            fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def fsdp_model(mixed_precision: bool = False, reshard_after_forward: bool = True) -> nn.Module:
+    """``toy_model()`` on this rank's device, sharded by ``shard_layers``."""
+    from .devices import rank_device
+
+    if not isinstance(mixed_precision, bool) or not isinstance(reshard_after_forward, bool):
+        raise TypeError(f"mixed_precision and reshard_after_forward must be True or False, got "
+                        f"{mixed_precision!r} and {reshard_after_forward!r}")
+    return shard_layers(toy_model().to(rank_device()), mixed_precision=mixed_precision,
+                        reshard_after_forward=reshard_after_forward)
+
+
+def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of this rank's parameters, gradients and optimizer state, counted from the tensors.
+
+    A DTensor counts its local shard; ``ZeroRedundancyOptimizer`` counts the state it keeps.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+
+    def nbytes(t: torch.Tensor) -> int:
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.numel() * t.element_size()
+
+    tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
+    state = getattr(optimizer, "optim", optimizer).state
+    tensors += [v for s in state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
+    return sum(nbytes(t) for t in tensors)
+
+
+def api_rank(rank: int, world_size: int, steps: int = 3, rows: int = 12, lr: float = 1e-2,
+             checkpoint: str | None = None) -> dict:
+    """One rank: ``ZeroRedundancyOptimizer`` with DDP, then FSDP2 (fp32, with gradient clipping
+    measured across shards, then bf16 compute), optionally saving the fp32 model with DCP."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .devices import rank_device
+
+    device = rank_device()
+    batches = [(x.chunk(world_size)[rank].to(device), y.chunk(world_size)[rank].to(device))
+               for x, y in toy_batches(steps, rows)]
+    model = toy_model().to(device)
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # region: zero-redundancy
+    optimizer = ZeroRedundancyOptimizer(ddp_model.parameters(), optimizer_class=torch.optim.AdamW, lr=lr)
+    for x, y in batches:
+        optimizer.zero_grad()
+        nn.functional.mse_loss(ddp_model(x), y).backward()
+        optimizer.step()
+    # endregion
+    zero_state = sum(v.numel() * v.element_size() for s in optimizer.optim.state.values()
+                     for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
+    out: dict = {"zero_redundancy": [p.detach().cpu() for p in model.parameters()],
+                 "zero_redundancy_state": zero_state}
+    del ddp_model, optimizer
+
+    # region: fsdp
+    model = fsdp_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    for x, y in batches:
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9)  # measures, clips nothing
+        optimizer.step()
+    # endregion
+    weight = model[0].weight
+    local_grad_sq = sum(p.grad.to_local().float().square().sum() for p in model.parameters())
+    out["fsdp"] = [p.full_tensor().cpu() for p in model.parameters()]
+    out["dtensor"] = {"type": type(weight).__name__, "placements": str(weight.placements),
+                      "global": tuple(weight.shape), "local": tuple(weight.to_local().shape),
+                      "local_norm_alone": local_grad_sq.sqrt().item(),
+                      "clip_norm": norm.full_tensor().item() if hasattr(norm, "full_tensor") else norm.item()}
+    out["fsdp_held"] = {
+        "parameters": sum(p.to_local().numel() * p.element_size() for p in model.parameters()),
+        "gradients": sum(p.grad.to_local().numel() * p.grad.element_size() for p in model.parameters()),
+        "optimizer state": sum(v.to_local().numel() * v.element_size() for s in optimizer.state.values()
+                               for v in s.values() if hasattr(v, "to_local") and v.dim() > 0)}
+    out["shapes"] = [tuple(p.shape) for p in model.parameters()]
+    if checkpoint is not None:
+        dcp.save(get_model_state_dict(model), checkpoint_id=checkpoint)
+        dist.barrier()
+    del optimizer
+
+    kept = fsdp_model(reshard_after_forward=False)  # parameters stay gathered from forward to backward
+    optimizer = torch.optim.AdamW(kept.parameters(), lr=lr)
+    for x, y in batches:
+        optimizer.zero_grad()
+        nn.functional.mse_loss(kept(x), y).backward()
+        optimizer.step()
+    out["fsdp_kept"] = [p.full_tensor().cpu() for p in kept.parameters()]
+
+    mixed = fsdp_model(mixed_precision=True)
+    x, y = batches[0]
+    output = mixed(x)
+    out["bf16"] = {"output dtype": str(output.dtype), "sharded dtype": str(mixed[0].weight.dtype),
+                   "loss": nn.functional.mse_loss(output.float(), y).item()}
+    if device.type == "cuda":
+        out["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device)
+    return out
+
+
+def dcp_load_rank(rank: int, world_size: int, checkpoint: str) -> dict:
+    """One rank: a fresh FSDP model (other weights) loads the DCP checkpoint, whatever N saved it."""
+    from pathlib import Path
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    if not isinstance(checkpoint, str) or not Path(checkpoint).is_dir():
+        raise FileNotFoundError(f"checkpoint must be the folder a DCP save wrote, got {checkpoint!r}")
+    model = fsdp_model()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()  # so that nothing loaded could pass for the original by accident
+    # region: dcp-load
+    state = get_model_state_dict(model)
+    dcp.load(state, checkpoint_id=checkpoint)
+    set_model_state_dict(model, state)
+    # endregion
+    return {"parameters": [p.full_tensor().cpu() for p in model.parameters()],
+            "local": [tuple(p.to_local().shape) for p in model.parameters()]}

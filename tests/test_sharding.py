@@ -1,0 +1,113 @@
+"""ZeRO by hand, the sharded ledgers and the FSDP2 / DCP runs of notebook 09."""
+
+import pytest
+import torch
+
+from course_utils import sharding
+from course_utils.distributed import launch
+from course_utils.memory import ModelSpec, ledger
+from course_utils.zero import STAGES, ZeroByHand, shard_numel
+
+
+@pytest.fixture(scope="module")
+def single():
+    return sharding.train_single()
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_stage_equals_ddp_and_one_process(world_size, single):
+    results = launch(sharding.by_hand_rank, world_size, echo=False)
+    for rank, out in enumerate(results):
+        assert list(out) == ["ddp", "zero0", "zero1", "zero2", "zero3"]
+        for run in out.values():
+            torch.testing.assert_close(run["parameters"], single)
+            torch.testing.assert_close(run["parameters"], out["ddp"]["parameters"])
+        numels = out["zero0"]["numels"]
+        padded = sum(shard_numel(n, world_size) for n in numels) * world_size
+        for stage in STAGES:
+            run = out[f"zero{stage}"]
+            strategy = "ddp" if stage == 0 else f"zero{stage}"
+            # the ledger's figures are the bytes of the tensors each rank holds
+            assert run["held"] == sharding.sharded_bytes(numels, world_size, strategy, rank=rank)
+            # and the bytes counted per step are the formula's, for the padded size
+            psi = sum(numels) if stage == 0 else padded  # ZeRO pads each unit to a multiple of N
+            expected = sharding.comm_bytes_per_step(psi, world_size, strategy)
+            assert sum(run["sent"].values()) == (expected if stage else pytest.approx(expected, rel=1e-12))
+        assert out["zero3"]["sent"]["all_gather"] == 2 * out["zero1"]["sent"]["all_gather"]
+
+
+def test_api_runs_equal_one_process_and_a_checkpoint_reshards_bitwise(tmp_path, single):
+    path = str(tmp_path / "ckpt")
+    saved = launch(sharding.api_rank, 2, 3, 12, 1e-2, path, echo=False)
+    for rank, out in enumerate(saved):
+        torch.testing.assert_close(out["zero_redundancy"], single)
+        torch.testing.assert_close(out["fsdp"], single)
+        assert all(torch.equal(a, b) for a, b in zip(out["fsdp"], out["fsdp_kept"], strict=True))
+        assert out["dtensor"]["type"] == "DTensor" and out["dtensor"]["placements"] == "(Shard(dim=0),)"
+        assert out["dtensor"]["local"] == (16, 16) and out["dtensor"]["global"] == (32, 16)
+        assert out["fsdp_held"] == sharding.sharded_bytes((), 2, "fsdp", rank=rank, shapes=out["shapes"])
+        assert out["bf16"]["output dtype"] == "torch.bfloat16"
+        assert out["bf16"]["sharded dtype"] == "torch.float32"
+    # clipping sees the norm of the whole gradient: the shards' squares summed over ranks
+    norms = [out["dtensor"]["local_norm_alone"] for out in saved]
+    clip = saved[0]["dtensor"]["clip_norm"]
+    assert saved[1]["dtensor"]["clip_norm"] == clip
+    assert clip == pytest.approx(sum(n * n for n in norms) ** 0.5, rel=1e-5)
+    assert all(n < clip for n in norms)
+    # ZeroRedundancyOptimizer splits whole parameters: together the ranks hold Adam's state once
+    psi = sum(p.numel() for p in single)
+    states = [out["zero_redundancy_state"] for out in saved]
+    assert sum(states) == 8 * psi and max(states) < 8 * psi
+    loaded = launch(sharding.dcp_load_rank, 3, path, echo=False)
+    for out in loaded:
+        assert all(torch.equal(a, b) for a, b in zip(out["parameters"], saved[0]["fsdp"], strict=True))
+    assert [out["local"][0] for out in loaded] == [(11, 16), (11, 16), (10, 16)]
+
+
+def test_fsdp_local_numel_follows_torch_chunk():
+    shapes = [(32, 16), (32,), (4, 32), (4,), (1, 3)]
+    for n in (1, 2, 3, 5, 8):
+        for rank in range(n):
+            expected = 0
+            for shape in shapes:
+                chunks = torch.empty(shape).chunk(n)
+                expected += chunks[rank].numel() if rank < len(chunks) else 0
+            assert sharding.fsdp_local_numel(shapes, n, rank) == expected
+        assert sum(sharding.fsdp_local_numel(shapes, n, r) for r in range(n)) == 544 + 132 + 3
+
+
+def test_sharded_bytes_is_the_table():
+    psi = 1000  # divisible by 4: no padding
+    full = {"parameters": 4 * psi, "gradients": 4 * psi, "optimizer state": 8 * psi}
+    assert sharding.sharded_bytes([psi], 4, "ddp") == full
+    assert sharding.sharded_bytes([psi], 4, "zero1") == {**full, "optimizer state": 2 * psi}
+    assert sharding.sharded_bytes([psi], 4, "zero2") == {**full, "gradients": psi, "optimizer state": 2 * psi}
+    assert sharding.sharded_bytes([psi], 4, "zero3") == {"parameters": psi, "gradients": psi,
+                                                         "optimizer state": 2 * psi}
+    assert sharding.sharded_bytes([5], 4, "zero3")["parameters"] == 8  # padded to 8: 2 each
+
+
+def test_sharded_ledger_mixed_precision_is_the_zero_papers_2_2_k():
+    spec = ModelSpec.linear(1023, 1)  # 1024 parameters
+    base = ledger(spec, "ddp", batch_size=8, num_devices=8)
+    for strategy, per_param in (("ddp", 16), ("zero1", 4 + 12 / 8), ("zero2", 2 + 14 / 8), ("zero3", 16 / 8)):
+        led = sharding.sharded_ledger(spec, strategy, batch_size=8, num_devices=8, mixed_precision=True)
+        model_state = sum(led.rows[0][c] for c in ("parameters", "gradients", "optimizer state"))
+        assert model_state == per_param * 1024
+        assert led.rows[0]["activations"] == base.rows[0]["activations"]
+        assert led.rows[0]["inputs"] == base.rows[0]["inputs"]
+        assert led.label == {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}[strategy]
+    fp32 = sharding.sharded_ledger(spec, "ddp", batch_size=8, num_devices=8)
+    assert fp32.rows == base.rows  # fp32 DDP is notebook 04's ledger, buckets included
+
+
+def test_comm_formulas():
+    assert sharding.comm_bytes_per_step(100, 1, "ddp") == 0
+    assert sharding.comm_bytes_per_step(100, 4, "zero2") == 2 * 400 * 3 / 4
+    assert sharding.comm_bytes_per_step(100, 4, "zero3") == 3 * 400 * 3 / 4
+    assert sharding.comm_bytes_per_step(100, 4, "fsdp") == sharding.comm_bytes_per_step(100, 4, "zero3")
+
+
+def test_zero_by_hand_needs_a_process_group():
+    with pytest.raises(RuntimeError, match="needs a process group"):
+        ZeroByHand(torch.nn.Linear(2, 2), 1)
