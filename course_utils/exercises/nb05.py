@@ -86,9 +86,9 @@ def _judge_epoch_orders(answer: Any) -> str | None:
         reference.set_epoch(epoch)
         expected.append(list(reference))
     got = answer(sampler(), 4)
-    if not (isinstance(got, list) and len(got) == 4):
-        return "return a list with one list of indices per epoch (4 epochs here, 4 lists)"
-    got = [list(order) for order in got]
+    if not (isinstance(got, dict) and sorted(got) == [0, 1, 2, 3]):
+        return "return a dict with one list of indices per epoch: {0: [...], 1: [...], 2: [...], 3: [...]}"
+    got = [list(got[epoch]) for epoch in range(4)]
     if got == expected:
         return None
     if all(order == got[0] for order in got):
@@ -162,7 +162,7 @@ _TWO_HEADS = '''def train_two_heads(rank, world_size):
     ddp_model = DDP(TwoHeads().to(device){extra})
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)  # each rank its own rows
-    for step in range(2):
+    for _ in range(2):
         loss = ddp_model(torch.randn(8, 4, generator=g).to(device)).square().mean()
         optimizer.zero_grad()
 {backward}
@@ -178,8 +178,8 @@ def _two_heads(extra: str = "", backward: str = "        loss.backward()") -> st
 
 
 _EPOCH_ORDERS = '''def epoch_orders(sampler, epochs):
-    """The indices `sampler` gives this rank in each of `epochs` epochs (a list per epoch)."""
-    orders = []
+    """The indices `sampler` gives this rank in each of `epochs` epochs: {{epoch: indices}}."""
+    orders = {{}}
     for epoch in range(epochs):
 {body}
     return orders
@@ -220,13 +220,13 @@ EXERCISES = [
         kind="fix",
         title="every epoch in the same order",
         answer="epoch_orders",
-        starter=_epoch_orders("        orders.append(list(sampler))"),
+        starter=_epoch_orders("        orders[epoch] = list(sampler)"),
         solution=_epoch_orders("        sampler.set_epoch(epoch)  # shuffle with seed + epoch\n"
-                               "        orders.append(list(sampler))"),
+                               "        orders[epoch] = list(sampler)"),
         judge=_judge_epoch_orders,
-        wrong=((_epoch_orders("        sampler.set_epoch(0)\n        orders.append(list(sampler))"),
+        wrong=((_epoch_orders("        sampler.set_epoch(0)\n        orders[epoch] = list(sampler)"),
                 "every epoch read the same order"),
-               (_epoch_orders("        orders.append(list(sampler))\n        sampler.set_epoch(epoch)"),
+               (_epoch_orders("        orders[epoch] = list(sampler)\n        sampler.set_epoch(epoch)"),
                 "each epoch read the order of the epoch before")),
     ),
     Exercise(
@@ -238,7 +238,8 @@ EXERCISES = [
         solution=_two_heads(", find_unused_parameters=True"),
         judge=_judge_two_heads,
         wrong=((_two_heads(", find_unused_parameters=False"), "forward never uses unused_head"),
-               (_two_heads(", find_unused_parameters=True").replace("loss = ddp_model(", "loss = ddp_model.module("),
+               (_two_heads(", find_unused_parameters=True").replace("loss = ddp_model(",
+                                                                     "loss = ddp_model.module("),
                 "the ranks' parameters differ"),
                (_two_heads().replace("ddp_model.parameters()",
                                      "[p for n, p in ddp_model.named_parameters() if 'unused' not in n]"),

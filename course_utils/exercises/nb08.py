@@ -156,7 +156,11 @@ EXERCISES = [
         kind="fix",
         title="a save that can lose the last good snapshot",
         answer="save_atomically",
-        starter=_save("    with open(path, \"wb\") as f:\n        torch.save(state, f)"),
+        starter=_save('''    path = Path(path)
+    with open(path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())  # the bytes are on disk before we return'''),
         solution=_save('''    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")  # beside the target: the same file system
     with open(tmp, "wb") as f:
