@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit nbval stress execute lab solutions lint bench gpu-check clean
+.PHONY: help install test unit nbval stress execute lab preflight solutions lint bench gpu-check clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -45,6 +45,9 @@ execute: $(STAMP) ## Re-run every notebook in place (clean CPU run) to refresh s
 # Cloud GPU boxes and containers run as root, where Jupyter refuses to start without --allow-root.
 lab: $(STAMP) ## Open the course in JupyterLab (as root too: cloud boxes and containers)
 	$(BIN)/python -m jupyter lab $$([ "$$(id -u)" = 0 ] && echo --allow-root) notebooks/
+
+preflight: $(STAMP) ## Before a workshop: check this machine runs the course (prints READY)
+	$(BIN)/python -m course_utils.preflight
 
 solutions: $(STAMP) ## Generate the solutions edition in solutions/ from course_utils/exercises (instructors)
 	$(BIN)/python -m course_utils.exercises.edition solutions/ --execute

@@ -352,9 +352,10 @@ def data_parallel(
 ) -> Any:
     """One data-parallel forward: scatter, replicate, parallel_apply, gather.
 
-    The function the seeds write from ``torch.nn.parallel``'s primitives, runnable on simulated
-    devices too. Unlike PyTorch's, an empty ``device_ids`` is an error rather than "run on one
-    device", and (with ``strict=True``) so is a batch with fewer rows than devices.
+    The function that the tutorial's Chinese edition and the Korean article write from
+    ``torch.nn.parallel``'s primitives, runnable on simulated devices too. Unlike PyTorch's, an
+    empty ``device_ids`` is an error rather than "run on one device", and (with ``strict=True``)
+    so is a batch with fewer rows than devices.
     """
     devices = parse_devices(device_ids)
     output = parse_output_device(output_device, devices)

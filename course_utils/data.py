@@ -7,7 +7,7 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from ._checks import check_int, check_positive_int
+from ._checks import check_int, check_number, check_positive_int
 
 __all__ = ["RandomDataset", "SlowDataset", "make_loader", "regression_dataset"]
 
@@ -56,8 +56,7 @@ def regression_dataset(
     n_samples = check_positive_int("n_samples", n_samples)
     input_size = check_positive_int("input_size", input_size)
     output_size = check_positive_int("output_size", output_size)
-    if not isinstance(noise, (int, float)) or isinstance(noise, bool) or noise < 0:
-        raise ValueError(f"noise must be a number >= 0, got {noise!r}")
+    check_number("noise", noise, at_least=0)
     g = torch.Generator().manual_seed(check_int("seed", seed))
     weight = torch.randn(output_size, input_size, generator=g)
     bias = torch.randn(output_size, generator=g)
@@ -76,8 +75,7 @@ class SlowDataset(Dataset):
 
     def __init__(self, length: int, seconds: float, *, work: str = "io", size: int = 16) -> None:
         self.len = check_positive_int("length", length)
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
-            raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
+        check_number("seconds", seconds, at_least=0)
         if work not in ("io", "cpu"):
             raise ValueError(f"work must be 'io' or 'cpu', got {work!r}")
         self.seconds, self.work, self.size = float(seconds), work, check_positive_int("size", size)

@@ -29,13 +29,11 @@ __all__ = [
     "batchnorm_under_ddp",
     "block_in_collective",
     "ddp_buckets",
-    "exit_abruptly",
     "hello",
     "mismatched_all_reduce",
     "raise_on_rank",
     "save_on_rank_0",
     "torch_sync_batchnorm_on_cpu",
-    "unpicklable_result",
     "unused_parameters",
 ]
 
@@ -60,16 +58,6 @@ def raise_on_rank(rank: int, world_size: int, bad_rank: int, message: str) -> in
     """``bad_rank`` raises ``ValueError(message)``; the others wait for it in a barrier forever."""
     if rank == bad_rank:
         raise ValueError(message)
-    dist.barrier()
-    return rank
-
-
-def exit_abruptly(rank: int, world_size: int, bad_rank: int, code: int = 3) -> int:
-    """``bad_rank`` ends its process at once, with no Python exception (a crash, in effect)."""
-    import os
-
-    if rank == bad_rank:
-        os._exit(code)
     dist.barrier()
     return rank
 
@@ -199,13 +187,6 @@ def save_on_rank_0(rank: int, world_size: int, path: str) -> dict:
     del ddp_model, model
     gc.collect()
     return {"wrapped_keys": wrapped_keys, "saved_keys": list(loaded), "matches_my_copy": same}
-
-
-def unpicklable_result(rank: int, world_size: int):
-    """Returns something that cannot travel back to the launcher (a lock; a lambda now can)."""
-    import threading
-
-    return threading.Lock()
 
 
 def ddp_buckets(rank: int, world_size: int, bucket_cap_mb: float, iterations: int = 2) -> list[list[dict]]:

@@ -147,7 +147,7 @@ def launch(
     ``backend``: ``"gloo"`` or ``"nccl"``; by default NCCL when every rank can have its own GPU,
     else gloo. ``init`` is how the ranks meet: ``"store"`` (a TCPStore held by this process; the
     robust default), ``"env"`` (``env://`` with ``MASTER_ADDR``/``MASTER_PORT``, as torchrun does),
-    ``"tcp"`` (``tcp://127.0.0.1:PORT``, as in the seeds), or ``False``: no group; ``fn`` calls
+    ``"tcp"`` (``tcp://127.0.0.1:PORT``, as in the Korean article), or ``False``: no group; ``fn`` calls
     ``init_process_group`` itself, from torchrun's environment (``RANK``, ``LOCAL_RANK``,
     ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and a free ``MASTER_PORT``)
     or from its own address and port; a group it leaves open is destroyed after it returns. Each

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from ._checks import check_number, check_seconds
+
 __all__ = ["NO_GPU_EXIT", "NotebookResult", "TestResult", "allowed_skip", "environment", "main",
            "parse_junit", "render_report", "run_gpu_tests", "run_notebook", "verdict"]
 
@@ -40,8 +42,7 @@ def _first_line(text: str) -> str:
 
 
 def _check_timeout(value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"timeout_s must be a number of seconds > 0, got {value!r}")
+    check_seconds("timeout_s", value)
 
 
 def _existing(path: object, what: str) -> Path:
@@ -82,8 +83,7 @@ class NotebookResult:
             raise TypeError(f"name must be a non-empty str, got {self.name!r}")
         if not isinstance(self.passed, bool):
             raise TypeError(f"passed must be a bool, got {self.passed!r}")
-        if type(self.seconds) not in (int, float) or not self.seconds >= 0:
-            raise ValueError(f"seconds must be a number >= 0, got {self.seconds!r}")
+        check_number("seconds", self.seconds, at_least=0)
 
 
 def environment() -> dict:

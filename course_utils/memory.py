@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ._checks import check_int, check_positive_int
+from ._checks import check_int, check_number, check_positive_int
 from .splits import split_sizes
 
 __all__ = [
@@ -104,9 +104,7 @@ class ModelSpec:
         for field_name in ("input_itemsize", "target_itemsize"):
             check_positive_int(field_name, getattr(self, field_name))
         for field_name in ("activation_floats", "activation_other_bytes"):
-            value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"{field_name} must be a number >= 0, got {value!r}")
+            check_number(field_name, getattr(self, field_name), at_least=0)
 
     @classmethod
     def linear(cls, input_size: int = 5, output_size: int = 2) -> ModelSpec:

@@ -64,7 +64,7 @@ class SmallCNN(nn.Module):
 
 
 class SequenceGRU(nn.Module):
-    """A sequence-first GRU: input ``(time, batch, features)``, as seed 002's RNN note assumes.
+    """A sequence-first GRU: input ``(time, batch, features)``, as the Korean article's RNN note assumes.
 
     Returns ``(outputs, h_n)``: ``outputs`` is ``(time, batch, hidden)`` and ``h_n`` is
     ``(layers, batch, hidden)``. The batch is dimension 1 of both, so ``DataParallel`` needs

@@ -1,10 +1,10 @@
 """A parallel criterion: compute the loss where the outputs are (notebook 04).
 
-Seed 002's fix for DataParallel's GPU-0 imbalance: a model wrapper that does *not* gather its
-outputs (``DataParallelModel``), and a criterion that scatters the targets to the devices that
-hold the outputs, computes each device's part of the loss there, in parallel, and brings back
-only the scalars (``DataParallelCriterion``). The vocabulary-sized logits never meet on one
-device.
+The fix of the Korean article "PyTorch Multi-GPU 학습 제대로 하기" for DataParallel's GPU-0
+imbalance: a model wrapper that does *not* gather its outputs (``DataParallelModel``), and a
+criterion that scatters the targets to the devices that hold the outputs, computes each
+device's part of the loss there, in parallel, and brings back only the scalars
+(``DataParallelCriterion``). The vocabulary-sized logits never meet on one device.
 
 The reduction must be done with care. With ``reduction="mean"``, each device's loss is a mean
 over *its* elements; averaging those means counts the rows of a small last chunk more than the

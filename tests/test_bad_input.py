@@ -23,6 +23,8 @@ from course_utils import (
     collectives,
     data,
     ddp_train,
+    debug_training,
+    debugging,
     devices,
     diagrams,
     distributed,
@@ -36,6 +38,7 @@ from course_utils import (
     models,
     nbtools,
     parallel_criterion,
+    preflight,
     sharding,
     shipping,
     show,
@@ -334,6 +337,8 @@ CASES = [
      TypeError, "args must be a tuple, got list"),
     ('torchrun.is_log_line', lambda: torchrun.is_log_line(b"[W1122"),
      TypeError, "line must be a str, got bytes"),
+    ('preflight.run_checks', lambda: preflight.run_checks((("x", 3),)),
+     TypeError, "checks must be a non-empty tuple of (name, callable) pairs"),
     ('diagrams.dataparallel_steps', lambda: diagrams.dataparallel_steps(30, 4, output_device=4),
      ValueError, "output_device must be an int in [0, 4), got 4"),
     ('diagrams.draw_dataparallel', lambda: diagrams.draw_dataparallel(0),
@@ -352,6 +357,12 @@ CASES = [
      ValueError, "unknown device 'gpu0': expected an int, 'cuda:N' or 'sim:N'"),
     ('simulated.parse_output_device', lambda: simulated.parse_output_device("sim:x", simulated.sim_devices(2)),
      ValueError, "unknown device 'sim:x'"),
+    ('data.regression_dataset nan', lambda: data.regression_dataset(4, 2, 2, noise=float("nan")),
+     ValueError, "noise must be a number >= 0, got nan"),
+    ('ddp_train.TrainConfig nan', lambda: ddp_train.TrainConfig(lr=float("nan")),
+     ValueError, "lr must be a number > 0, got nan"),
+    ('memory.ModelSpec nan', lambda: memory.ModelSpec.linear().__class__(**{**memory.ModelSpec.linear().__dict__, "activation_floats": float("nan")}),
+     ValueError, "activation_floats must be a number >= 0, got nan"),
     ('check_int tensor', lambda: data.regression_dataset(torch.tensor(2.5), 2, 2),
      TypeError, "n_samples must be an int, got tensor(2.5000) (Tensor)"),
     # notebook 09: ZeRO by hand and sharding
@@ -404,6 +415,8 @@ CASES = [
      ValueError, "key must look like '05.2'"),
     ('exercises.progress', lambda: exercises.progress(None),
      ValueError, "notebook must be a number such as '05'"),
+    ('exercises.hint_from_ranks', lambda: exercises.hint_from_ranks(print, 0, hang_hint="hung"),
+     ValueError, "world_size must be an int >= 1, got 0"),
     ('exercises.run_source', lambda: exercises.run_source("01.1", 2),
      TypeError, "src must be an answer cell's source (str), got int"),
     ('exercises.run_source name', lambda: exercises.run_source("01.1", "x = 2"),
@@ -424,6 +437,29 @@ CASES = [
      TypeError, "region must be a str"),
     ('show.regions', lambda: show.regions("splits"),
      TypeError, "obj must be a function, method, class or module, got str"),
+    # notebook 10 (debugging, debug_training)
+    ('debugging.where_stuck stacks', lambda: debugging.where_stuck(["  File x"]),
+     TypeError, 'stacks must be a dict of rank -> stack lines'),
+    ('debugging.where_stuck last', lambda: debugging.where_stuck({}, last=0),
+     ValueError, 'last must be an int >= 1'),
+    ('debugging.evaluation_set', lambda: debugging.evaluation_set(0),
+     ValueError, 'size must be an int >= 1'),
+    ('debug_training.accumulation_data', lambda: debug_training.accumulation_data(2, 0, 3, 1),
+     ValueError, 'k must be an int >= 1'),
+    ('debug_training.accumulation_reference', lambda: debug_training.accumulation_reference(2, 2, 3, 1.5),
+     ValueError, 'steps must be an int >= 1'),
+    ('debug_training.uneven_batches counts', lambda: debug_training.uneven_batches([3, 0], 0),
+     ValueError, 'batches_per_rank must be a non-empty list of ints >= 1'),
+    ('debug_training.uneven_batches rank', lambda: debug_training.uneven_batches([3, 2], 2),
+     ValueError, 'rank must be an int in [0, 2)'),
+    ('debug_training.uneven_reference mode', lambda: debug_training.uneven_reference([3, 2], "plain"),
+     ValueError, "mode must be 'join' or 'equal'"),
+    ('debug_training.uneven_reference empty', lambda: debug_training.uneven_reference([], "join"),
+     ValueError, 'batches_per_rank must be a non-empty list'),
+    ('debug_training.train_unused', lambda: debug_training.train_unused(0, 1, "ignore"),
+     ValueError, "mode must be 'plain', 'debug', 'find_unused' or 'static_graph'"),
+    ('debug_training.train_compressed', lambda: debug_training.train_compressed(0, 1, "int8"),
+     ValueError, "hook must be one of ['bf16', 'fp16', 'fp32']"),
 ]
 
 
@@ -448,7 +484,7 @@ def test_every_public_callable_has_a_bad_input_case():
         *(f"ddp_demos.{n}" for n in importlib.import_module("course_utils.ddp_demos").__all__),
         "ddp_train.train_ddp", "collectives.ring_all_reduce", "memory.cuda_peak_bytes",
         # command-line entry points: argparse (test below)
-        "ddp_train.main", "bench.main", "gpu_check.main", "edition.main",
+        "ddp_train.main", "bench.main", "gpu_check.main", "edition.main", "preflight.main",
         # no arguments, or plain records
         "bench.machine_description", "env.device_report", "gpu_check.environment", "fault_demos.demo_model", "env.in_colab", "distributed.free_port",
         "simulated.record_memory", "simulated.recording", "simulated.tensors_in", "distributed.rank_print", "distributed.LaunchTimeout",
@@ -467,6 +503,14 @@ def test_every_public_callable_has_a_bad_input_case():
         "forkserver.forkserver_context", "processes.RankHandle", "processes.RankResult",
         "processes.format_stack", "processes.kill_tree", "processes.signal_session",
         "processes.stacks_of", "processes.stop",
+        # notebook 10: rank functions and a DDP hook, run by launch() in tests/test_debugging.py;
+        # models without arguments
+        *(f"debugging.{n}" for n in importlib.import_module("course_utils.debugging").__all__
+          if n not in ("where_stuck", "evaluation_set")),
+        "debug_training.accumulate_step", "debug_training.accumulate_step_off_by_one",
+        "debug_training.train_accumulating", "debug_training.train_uneven", "debug_training.different_seeds",
+        "debug_training.wrapped_keys", "debug_training.bf16_compress_on_gloo", "debug_training.small_model",
+        "debug_training.TwoHeads",
     }
     missing = []
     # the package's modules, and the modules of its subpackages (exercises.edition as "edition")

@@ -12,7 +12,7 @@ from conftest import rank_processes
 from torch import nn
 
 import course_utils
-from course_utils import bench, devices
+from course_utils import bench, debug_training, devices
 from course_utils.ddp_train import TrainConfig
 from course_utils.distributed import launch
 
@@ -191,20 +191,34 @@ CASES = {
     "ddp_demos.hello": (2, ()),
     "ddp_demos.all_reduce_sum": (2, ()),
     "ddp_demos.raise_on_rank": (2, (99, "nobody raises")),
-    "ddp_demos.exit_abruptly": (2, (99,)),
     "ddp_demos.block_in_collective": (2, (99,)),
     "ddp_demos.unused_parameters": (2, (True, 2)),
     "ddp_demos.batchnorm_under_ddp plain": (2, (False,)),
     "ddp_demos.batchnorm_under_ddp sync": (2, (True,)),
     "ddp_demos.torch_sync_batchnorm_on_cpu": (2, ()),
     "ddp_demos.save_on_rank_0": (2, ("{tmp}/model.pt",)),
-    "ddp_demos.unpicklable_result": (2, ()),
     "ddp_demos.ddp_buckets": (2, (0.25, 2)),
     "ddp_demos.mismatched_all_reduce": (2, (True,)),
     "ddp_train.train_ddp": (2, (TINY,)),
     "memory._ddp_peak_rank": (2, (BERT, 2)),
     "sharding.by_hand_rank": (2, ()),
     "sharding.api_rank": (2, (2, 8, 1e-2, "{tmp}/ckpt")),
+    # notebook 10: the zoo's rank functions, each in a form that finishes
+    "debugging.sampler_orders": (2, (8, 2, True)),
+    "debugging.eval_on_rank_0_only": (1, ()),  # one rank: nobody else to wait for
+    "debugging.evaluate_everywhere": (2, ()),
+    "debugging.padded_accuracy": (2, (5,)),
+    "debugging.exact_accuracy": (2, (5,)),
+    "debugging.collectives_out_of_order": (1, ()),
+    "debugging.collectives_in_order": (2, ()),
+    "debugging.save_then_load": (2, ("{tmp}/checkpoint.pt", True)),
+    "debug_training.train_accumulating": (2, (debug_training.accumulate_step, 2, 3, 1)),
+    "debug_training.train_uneven join": (2, ([3, 2], "join")),
+    "debug_training.train_uneven equal": (2, ([3, 2], "equal")),
+    "debug_training.train_unused": (2, ("static_graph", 2)),
+    "debug_training.different_seeds": (2, ()),
+    "debug_training.train_compressed": (2, ("bf16", 2)),
+    "debug_training.wrapped_keys": (1, ()),
 }
 #: Rank functions that cannot finish under the audit, and why that is safe.
 EXEMPT = {
@@ -213,6 +227,8 @@ EXEMPT = {
     "devices.audited": "the audit itself",
     "sharding.dcp_load_rank": "needs the checkpoint that sharding.api_rank writes (audited above); "
                               "tests/test_sharding.py runs the two in turn",
+    "debugging.rendezvous_at": "makes its own process group (launch(init=False)) and computes "
+                               "nothing: no tensor, no module",
 }
 
 

@@ -55,7 +55,7 @@ def test_a_raising_rank_raises_here_with_its_traceback(start):
 @STARTS
 def test_a_rank_that_dies_without_an_exception_is_reported(start):
     with pytest.raises(RankError, match=r"rank 1 raised ProcessDied: the process exited with code 7"):
-        launch(ddp_demos.exit_abruptly, 2, 1, 7, start=start)
+        launch(exit_abruptly, 2, 1, 7, start=start)
 
 
 @STARTS
@@ -158,6 +158,19 @@ def test_forked_ranks_take_the_current_environment_and_log_both_streams(monkeypa
         "[rank 1] stdout of rank 1", "[rank 1] stderr of rank 1"]
 
 
+def exit_abruptly(rank, world_size, bad_rank, code):
+    """``bad_rank`` ends its process at once, with no Python exception (a crash, in effect)."""
+    if rank == bad_rank:
+        os._exit(code)
+    torch.distributed.barrier()
+    return rank
+
+
+def unpicklable_result(rank, world_size):
+    """Returns something that cannot travel back to the launcher (a lock; a lambda now can)."""
+    return threading.Lock()
+
+
 def _parent_pid(rank, world_size):
     return os.getppid()
 
@@ -231,7 +244,7 @@ def test_unpicklable_arguments_and_results():
         launch(ddp_demos.raise_on_rank, 2, 0, threading.Lock())
     with pytest.raises(RankError, match=r"the return value of rank \d \(a _thread.lock\) cannot be "
                                         r"sent back \(it must be picklable\)"):
-        launch(ddp_demos.unpicklable_result, 2)
+        launch(unpicklable_result, 2)
 
 
 def test_free_port_is_bindable():

@@ -82,7 +82,7 @@ def test_seed_everything_rejects_bad_seeds(bad, error):
 def test_pick_device_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert env.pick_device() == torch.device("cpu")
-    assert env.pick_device(3) == torch.device("cpu")  # the seeds' fallback: no GPU, use the CPU
+    assert env.pick_device(3) == torch.device("cpu")  # the sources' fallback: no GPU, use the CPU
 
 
 def test_pick_device_with_simulated_gpus(monkeypatch):

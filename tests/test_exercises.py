@@ -140,3 +140,19 @@ def test_the_solutions_edition_replaces_exactly_the_answer_cells(tmp_path):
             key = answer_key(old)
             assert new.source == (find(key).solution.rstrip("\n") if key else old.source)
             assert not new.get("outputs")
+
+
+def test_a_fix_starter_that_imports_and_calls_a_module_reads_not_attempted():
+    """IPython compiles a cell statement by statement; so must the checks, or Python 3.11's
+    compiler (LOAD_ATTR for a module imported in the same unit) makes an untouched starter
+    look changed."""
+    starter = "import torch\n\n\ndef make():\n    return torch.ones(2)\n"
+    ex = Exercise(key="01.9", kind="fix", title="t", answer="make", starter=starter,
+                  solution=starter.replace("ones", "zeros"), judge=lambda f: None,
+                  wrong=(("def make():\n    return 1\n", "x"), ("def make():\n    return 2\n", "y")))
+    import ast
+
+    namespace: dict = {}
+    for node in ast.parse(starter).body:  # as IPython runs the cell
+        exec(compile(ast.Module([node], type_ignores=[]), "<cell>", "exec"), namespace)
+    assert verdict(ex, namespace["make"]).status == "not attempted yet"

@@ -16,6 +16,18 @@ notebooks is generated from them (``make solutions``), and ``tests/test_exercise
 every solution passes and every listed wrong answer gets its hint.
 """
 
-from .core import KINDS, Exercise, Verdict, bank, check, find, progress, run_source, verdict
+from .core import (
+    KINDS,
+    Exercise,
+    Verdict,
+    bank,
+    check,
+    find,
+    hint_from_ranks,
+    progress,
+    run_source,
+    verdict,
+)
 
-__all__ = ["KINDS", "Exercise", "Verdict", "bank", "check", "find", "progress", "run_source", "verdict"]
+__all__ = ["KINDS", "Exercise", "Verdict", "bank", "check", "find", "hint_from_ranks", "progress",
+           "run_source", "verdict"]

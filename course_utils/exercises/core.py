@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["KINDS", "Exercise", "Verdict", "bank", "check", "find", "progress", "run_source", "verdict"]
+__all__ = ["KINDS", "Exercise", "Verdict", "bank", "check", "find", "hint_from_ranks", "progress",
+           "run_source", "verdict"]
 
 #: predict: write a number or shape down before running; fix: repair a cell broken on purpose;
 #: implement: write a small piece of the lesson.
@@ -168,9 +169,10 @@ def _unattempted(ex: Exercise, answer: Any) -> bool:
     return fingerprint is not None and fingerprint == _starter_fingerprint(ex)
 
 
-def verdict(key: str, answer: Any) -> Verdict:
-    """Judge ``answer`` to exercise ``key`` without printing; never raises for a wrong answer."""
-    ex = find(key)
+def verdict(key: str | Exercise, answer: Any) -> Verdict:
+    """Judge ``answer`` to exercise ``key`` (or to an :class:`Exercise`) without printing; never
+    raises for a wrong answer."""
+    ex = key if isinstance(key, Exercise) else find(key)
     if _unattempted(ex, answer):
         return Verdict(ex.key, ex.kind, "not attempted yet", _TODO[ex.kind])
     try:
@@ -204,13 +206,21 @@ def progress(notebook: Any) -> None:
 
 
 def _execute(ex: Exercise, src: str, label: str) -> dict[str, Any]:
-    """Run the context, then ``src``, as two cells of one notebook would run (compiled apart)."""
+    """Run the context, then ``src``, as a notebook would run two cells.
+
+    Like IPython, each top-level statement is compiled on its own: Python 3.11 compiles
+    ``torch.ones(...)`` inside a function differently when ``import torch`` is in the same
+    compiled unit, and the fingerprint of an untouched fix starter must match the notebook's.
+    """
+    import ast
+
     namespace: dict[str, Any] = {"__name__": "__main__"}
     for part, text in (("context", ex.context), (label, src)):
         filename = f"<exercise {ex.key} {part}>"
-        lines = text.splitlines(keepends=True)
-        linecache.cache[filename] = (len(text), None, lines, filename)
-        exec(compile(text, filename, "exec"), namespace)  # noqa: S102 - the course's own sources
+        linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+        for node in ast.parse(text, filename).body:
+            code = compile(ast.Module([node], type_ignores=[]), filename, "exec")
+            exec(code, namespace)  # noqa: S102 - the course's own sources
     return namespace
 
 
@@ -227,3 +237,24 @@ def run_source(key: str, src: str) -> Verdict:
     if ex.answer not in namespace:
         raise ValueError(f"this source does not define {ex.answer!r}, the answer of exercise {key}")
     return verdict(key, namespace[ex.answer])
+
+
+def hint_from_ranks(rank_fn: Callable[..., str | None], world_size: int, *args: Any,
+                    hang_hint: str, timeout_s: float = 60.0) -> str | None:
+    """Judge an answer on real ranks: run ``rank_fn(rank, world_size, *args)`` with ``launch``
+    and return the first hint a rank gives (None when every rank is satisfied).
+
+    An answer that hangs is stopped at ``timeout_s`` and gets ``hang_hint``; one that raises on a
+    rank gets the first line of that error. Judges of rank exercises use it (notebooks 05, 09, 10).
+    """
+    from ..distributed import LaunchTimeout, RankError, launch
+
+    try:
+        hints = launch(rank_fn, world_size, *args, echo=False, timeout_s=timeout_s, stacks=False)
+    except LaunchTimeout:
+        return hang_hint
+    except RankError as err:
+        first = (err.message.strip().splitlines() or [""])[0]
+        return f"rank {err.rank} failed: {err.exc_type}: {first}"
+    return next((h for h in hints if h is not None), None)
+

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .core import Exercise
+from .core import Exercise, hint_from_ranks
 
 __all__ = ["EXERCISES"]
 
@@ -67,15 +67,8 @@ def zero1_step_rank(rank: int, world_size: int, answer: Any) -> str | None:
 def _judge_zero1_step(answer: Any) -> str | None:
     if not callable(answer):
         return f"zero1_step must stay a function, got {type(answer).__name__}"
-    from ..distributed import LaunchTimeout, RankError, launch
-
-    try:
-        hints = launch(zero1_step_rank, 2, answer, echo=False, timeout_s=60, stacks=False)
-    except LaunchTimeout:
-        return "the ranks hung: every rank must call the same collectives, in the same order"
-    except RankError as err:
-        return f"a rank failed: {str(err).strip().splitlines()[0]}"
-    return next((h for h in hints if h is not None), None)
+    return hint_from_ranks(zero1_step_rank, 2, answer, hang_hint="the ranks hung: every rank must call "
+                           "the same collectives, in the same order")
 
 
 def clip_rank(rank: int, world_size: int, answer: Any) -> str | None:
@@ -105,22 +98,12 @@ def clip_rank(rank: int, world_size: int, answer: Any) -> str | None:
 def _judge_clip(answer: Any) -> str | None:
     if not callable(answer):
         return f"clip_sharded must stay a function, got {type(answer).__name__}"
-    from ..distributed import LaunchTimeout, RankError, launch
-
-    try:
-        hints = launch(clip_rank, 2, answer, echo=False, timeout_s=60, stacks=False)
-    except LaunchTimeout:
-        return "the ranks hung: every rank must take part in the same all-reduce"
-    except RankError as err:
-        return f"a rank failed: {str(err).strip().splitlines()[0]}"
-    return next((h for h in hints if h is not None), None)
+    return hint_from_ranks(clip_rank, 2, answer,
+                           hang_hint="the ranks hung: every rank must take part in the same all-reduce")
 
 
-# The names the answer cells use, bound without an import statement: compiled in one unit with an
-# answer, "import torch" would make Python 3.11 compile torch.sqrt(...) differently from the same
-# cell run in the notebook (where torch was imported in another cell), and the unchanged starter of
-# a fix exercise would not be recognised as such.
-_CONTEXT = 'torch = __import__("torch")\ndist = __import__("torch.distributed").distributed\n'
+# What the answer cells use from the notebook's imports cell (run before them, as in the notebook).
+_CONTEXT = "import torch\nimport torch.distributed as dist\n"
 
 _ZERO1_STARTER = '''def zero1_step(flat_param, flat_grad, shard, optimizer):
     """ZeRO-1's step on one rank. flat_param: the whole model as one 1-D tensor (its length a

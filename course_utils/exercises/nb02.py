@@ -1,0 +1,133 @@
+"""Exercises of notebook 02 (``nn.DataParallel``: how a batch is split), with their reference solutions."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .core import Exercise
+
+__all__ = ["EXERCISES"]
+
+
+def _chunk_rule(batch: int, devices: int) -> list[int]:
+    """What ``torch.chunk`` (and so DataParallel's scatter) gives: pieces of ceil(batch / devices)."""
+    step = math.ceil(batch / devices)
+    return [min(step, batch - start) for start in range(0, batch, step)]
+
+
+def _even_split(batch: int, devices: int) -> list[int]:
+    """What ``torch.tensor_split`` gives: the rows spread as evenly as possible."""
+    return [batch // devices + (1 if i < batch % devices else 0) for i in range(devices)]
+
+
+def _judge_chunks_of_13(answer: Any) -> str | None:
+    if not isinstance(answer, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                        for v in answer):
+        return f"write a list of whole numbers, one per device that gets rows, not {answer!r}"
+    answer = list(answer)
+    if answer == _chunk_rule(13, 4):
+        return None
+    if sum(answer) != 13:
+        return f"your chunks add up to {sum(answer)} rows, but the batch has 13: every row goes somewhere"
+    if answer == _even_split(13, 4):
+        return ("you spread the rows as evenly as possible (that is torch.tensor_split); DataParallel "
+                "scatters with torch.chunk, which cuts equal pieces first and leaves the rest to the last")
+    if sorted(answer) == sorted(_chunk_rule(13, 4)):
+        return ("the sizes are right but not their order: the chunks go to the devices in order, "
+                "the short one last")
+    if len(answer) > 4:
+        return "there are only 4 devices: at most 4 chunks"
+    return "torch.chunk cuts pieces of ceil(batch / devices) rows; the last piece gets what is left"
+
+
+def _judge_busy_devices(answer: Any) -> str | None:
+    if not isinstance(answer, int) or isinstance(answer, bool):
+        return f"write a whole number of devices (0 to 8), not {type(answer).__name__}"
+    right = len(_chunk_rule(18, 8))
+    if answer == right:
+        return None
+    if answer == 8:
+        return ("chunk does not promise every device a piece: work out the size of each piece first "
+                "(ceil of the batch over the devices), then count how many such pieces 18 rows make")
+    if answer > 8:
+        return "there are only 8 devices"
+    return "each piece has ceil(18 / 8) rows; count how many pieces it takes to cover 18 rows"
+
+
+def _judge_split_sizes(answer: Any) -> str | None:
+    if not callable(answer):
+        return f"chunk_sizes must stay a function, got {type(answer).__name__}"
+    for batch, devices in [(30, 2), (30, 4), (30, 8), (10, 8), (13, 4), (9, 4), (3, 8), (1, 1), (64, 16)]:
+        got = answer(batch, devices)
+        want = _chunk_rule(batch, devices)
+        if got == want:
+            continue
+        if not isinstance(got, list):
+            return f"chunk_sizes({batch}, {devices}) returned {type(got).__name__}; return a list of ints"
+        if got == _even_split(batch, devices):
+            return (f"chunk_sizes({batch}, {devices}) spreads the rows evenly, as torch.tensor_split "
+                    f"does; torch.chunk cuts pieces of ceil(batch / devices) rows instead")
+        if sum(got) != batch:
+            return (f"chunk_sizes({batch}, {devices}) gives {got}, which adds up to {sum(got)}, not "
+                    f"{batch}: the remainder must go somewhere")
+        if len(got) == devices and len(want) < devices:
+            return (f"chunk_sizes({batch}, {devices}) gives one chunk per device, but with pieces of "
+                    f"ceil(batch / devices) rows the batch runs out before the devices do")
+        return (f"chunk_sizes({batch}, {devices}) gives {got}; compare with "
+                f"[len(c) for c in torch.arange({batch}).chunk({devices})]")
+    return None
+
+
+EXERCISES = [
+    Exercise(
+        key="02.1",
+        kind="predict",
+        title="the chunks of a batch of 13 on 4 devices",
+        answer="chunks_of_13",
+        starter="chunks_of_13 = ...  # a list: the rows each device gets, device 0 first\n",
+        solution="chunks_of_13 = [4, 4, 4, 1]  # pieces of ceil(13 / 4) = 4 rows, the rest last\n",
+        judge=_judge_chunks_of_13,
+        wrong=(("chunks_of_13 = [4, 3, 3, 3]", "torch.tensor_split"),
+               ("chunks_of_13 = [1, 4, 4, 4]", "not their order"),
+               ("chunks_of_13 = [3, 3, 3, 3]", "every row goes somewhere")),
+    ),
+    Exercise(
+        key="02.2",
+        kind="implement",
+        title="DataParallel's split rule, without torch.chunk",
+        answer="chunk_sizes",
+        starter='''def chunk_sizes(batch, devices):
+    """The rows each device gets when DataParallel scatters `batch` rows over `devices` devices."""
+    raise NotImplementedError
+''',
+        solution='''def chunk_sizes(batch, devices):
+    """The rows each device gets when DataParallel scatters `batch` rows over `devices` devices."""
+    step = -(-batch // devices)  # ceil(batch / devices)
+    return [min(step, batch - start) for start in range(0, batch, step)]
+''',
+        judge=_judge_split_sizes,
+        wrong=(('''def chunk_sizes(batch, devices):
+    return [batch // devices + (1 if i < batch % devices else 0) for i in range(devices)]
+''', "as torch.tensor_split does"),
+               ('''def chunk_sizes(batch, devices):
+    return [batch // devices] * devices
+''', "the remainder must go somewhere"),
+               ('''def chunk_sizes(batch, devices):
+    step = -(-batch // devices)
+    return [step] * (devices - 1) + [batch - step * (devices - 1)]
+''', "the batch runs out before the devices do")),
+    ),
+    Exercise(
+        key="02.3",
+        kind="predict",
+        title="how many of 8 devices work on a batch of 18",
+        answer="busy_devices",
+        starter="busy_devices = ...  # 0 to 8: how many devices get rows from a batch of 18?\n",
+        solution="busy_devices = 6  # pieces of ceil(18 / 8) = 3 rows: 18 rows make 6 of them\n",
+        judge=_judge_busy_devices,
+        wrong=(("busy_devices = 8", "chunk does not promise every device a piece"),
+               ("busy_devices = 9", "only 8 devices"),
+               ("busy_devices = 5", "count how many pieces it takes")),
+    ),
+]

@@ -1,0 +1,164 @@
+"""Exercises of notebook 03 (DataParallel by hand), with their reference solutions."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .core import Exercise
+
+__all__ = ["EXERCISES"]
+
+
+def _judge_gru(answer: Any) -> str | None:
+    from ..models import SequenceGRU
+    from ..simulated import sim_devices
+
+    if not callable(answer):
+        return f"gru_on_devices must stay a function, got {type(answer).__name__}"
+    torch.manual_seed(0)
+    gru = SequenceGRU()
+    seq = torch.randn(8, 4, 6)  # (time, batch, features)
+    with torch.no_grad():
+        out, h_n = gru(seq)
+        try:
+            returned = answer(gru, seq, sim_devices(2))
+        except RuntimeError as err:
+            first = (str(err).strip().splitlines() or [""])[0]
+            return (f"a replica failed: {first} Each one got only some of the 6 features of "
+                    "every step, so the axis you cut is not the batch")
+    if not (isinstance(returned, tuple) and len(returned) == 2):
+        return "return what the GRU returns: (output, h_n)"
+    got_out, got_h = returned
+    if got_out.shape != out.shape:
+        return (f"the output has shape {list(got_out.shape)} instead of {list(out.shape)}: the input must "
+                "reach each replica as (time, batch, features), a few whole sequences each")
+    if got_h.shape != h_n.shape:
+        return (f"h_n has shape {list(got_h.shape)} instead of {list(h_n.shape)}: the replicas' final "
+                "hidden states were stacked along the layers axis, so the batch was not the axis you cut")
+    if not (torch.allclose(got_out, out, atol=1e-6) and torch.allclose(got_h, h_n, atol=1e-6)):
+        return ("the shapes are right but the values are not: some replica saw only part of each "
+                "sequence; cut the axis that holds the batch of a sequence-first GRU")
+    return None
+
+
+def _judge_strip(answer: Any) -> str | None:
+    if not callable(answer):
+        return f"strip_module_prefix must stay a function, got {type(answer).__name__}"
+    w, b, inner = torch.ones(2, 2), torch.zeros(2), torch.full((3,), 2.0)
+    wrapped = {"module.block1.weight": w, "module.block1.bias": b, "module.block2.module.weight": inner}
+    before = dict(wrapped)
+    got = answer(wrapped)
+    if not isinstance(got, dict):
+        return f"return a dict (a state_dict), not {type(got).__name__}"
+    if wrapped != before:
+        return "the checkpoint you were given changed: build a new dict and leave the argument as it was"
+    if "block2.weight" in got or "block2.module.weight" not in got:
+        return ("'module.block2.module.weight' lost an inner 'module.' too: a model that wraps one of its "
+                "blocks keeps that name; remove the prefix at the start of a key only")
+    if set(got) != {"block1.weight", "block1.bias", "block2.module.weight"}:
+        return f"the keys came out as {sorted(got)}: remove exactly the leading 'module.' of each key"
+    if not (got["block1.weight"] is w and got["block2.module.weight"] is inner):
+        return "keep the same tensors under the new names (no copies, no changes to their values)"
+    plain = {"fc.weight": w, "modules.bias": b}
+    kept = answer(plain)
+    if set(kept) != set(plain):
+        return (f"a checkpoint without the prefix came back with keys {sorted(kept)}: only keys that "
+                "start with 'module.' change (loading a plain checkpoint must still work)")
+    return None
+
+
+def _judge_weights(answer: Any) -> str | None:
+    if not isinstance(answer, (list, tuple)) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in answer):
+        return f"write a list of numbers, one weight per returned loss, not {answer!r}"
+    step = math.ceil(10 / 4)
+    sizes = [min(step, 10 - start) for start in range(0, 10, step)]
+    if len(answer) != len(sizes):
+        return (f"you gave {len(answer)} weights; count the chunks first: torch.chunk cuts pieces of "
+                "ceil(10 / 4) rows, and every returned loss needs one weight")
+    if all(math.isclose(a, s / 10, abs_tol=1e-6) for a, s in zip(answer, sizes, strict=True)):
+        return None
+    if all(math.isclose(a, answer[0], abs_tol=1e-6) for a in answer):
+        return ("you averaged the chunk losses without weighting them by chunk size: the short chunk "
+                "would count as much as a full one")
+    if all(math.isclose(a, s, abs_tol=1e-6) for a, s in zip(answer, sizes, strict=True)):
+        return ("those are the chunk sizes; a weighted mean divides each by the batch size, so the "
+                "weights add up to 1")
+    if not math.isclose(sum(answer), 1.0, abs_tol=1e-6):
+        return f"your weights add up to {sum(answer):g}; the weights of a mean add up to 1"
+    return ("each chunk's loss is a mean over its own rows, so weight it by its share of the batch's rows, "
+            "in the order torch.chunk cuts them")
+
+
+EXERCISES = [
+    Exercise(
+        key="03.1",
+        kind="fix",
+        title="a sequence-first GRU on several devices",
+        answer="gru_on_devices",
+        context="from course_utils.by_hand import data_parallel\n",
+        starter='''def gru_on_devices(gru, seq, devices):
+    """Run a sequence-first GRU, seq of shape (time, batch, features), data-parallel over devices."""
+    return data_parallel(gru, seq, devices)
+''',
+        solution='''def gru_on_devices(gru, seq, devices):
+    """Run a sequence-first GRU, seq of shape (time, batch, features), data-parallel over devices."""
+    return data_parallel(gru, seq, devices, dim=1)  # the batch is dimension 1
+''',
+        judge=_judge_gru,
+        wrong=(('''def gru_on_devices(gru, seq, devices):
+    return data_parallel(gru, seq, devices, dim=2)
+''', "so the axis you cut is not the batch"),
+               ('''def gru_on_devices(gru, seq, devices):
+    return data_parallel(gru, seq.transpose(0, 1), devices)
+''', "a few whole sequences each"),
+               ('''def gru_on_devices(gru, seq, devices):
+    return data_parallel(gru, seq, devices, dim=0)
+''', "stacked along the layers axis")),
+    ),
+    Exercise(
+        key="03.2",
+        kind="implement",
+        title="strip the module. prefix from a checkpoint",
+        answer="strip_module_prefix",
+        starter='''def strip_module_prefix(state_dict):
+    """A new state_dict whose keys have lost a leading 'module.' (the rest unchanged)."""
+    raise NotImplementedError
+''',
+        solution='''def strip_module_prefix(state_dict):
+    """A new state_dict whose keys have lost a leading 'module.' (the rest unchanged)."""
+    prefix = "module."
+    return {(key[len(prefix):] if key.startswith(prefix) else key): value
+            for key, value in state_dict.items()}
+''',
+        judge=_judge_strip,
+        wrong=(('''def strip_module_prefix(state_dict):
+    return {key.replace("module.", ""): value for key, value in state_dict.items()}
+''', "remove the prefix at the start of a key only"),
+               ('''def strip_module_prefix(state_dict):
+    return {key[len("module."):]: value for key, value in state_dict.items()}
+''', "a checkpoint without the prefix"),
+               ('''def strip_module_prefix(state_dict):
+    for key in list(state_dict):
+        if key.startswith("module."):
+            state_dict[key[len("module."):]] = state_dict.pop(key)
+    return state_dict
+''', "leave the argument as it was")),
+    ),
+    Exercise(
+        key="03.3",
+        kind="predict",
+        title="the weights that turn per-replica losses into the batch's loss",
+        answer="loss_weights",
+        starter="loss_weights = ...  # a list: one weight per loss the replicas return, device 0 first\n",
+        solution="loss_weights = [0.3, 0.3, 0.3, 0.1]  # chunks of 3, 3, 3 and 1 rows out of 10\n",
+        judge=_judge_weights,
+        wrong=(("loss_weights = [0.25, 0.25, 0.25, 0.25]", "without weighting them by chunk size"),
+               ("loss_weights = [3, 3, 3, 1]", "the weights add up to 1"),
+               ("loss_weights = [0.3, 0.3, 0.2, 0.2]", "in the order torch.chunk cuts them"),
+               ("loss_weights = [0.4, 0.4, 0.2]", "count the chunks first")),
+    ),
+]

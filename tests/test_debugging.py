@@ -1,0 +1,181 @@
+"""Notebook 10's zoo: every broken program fails the way the notebook says (hang, error, wrong
+value), every fix equals its single-process reference, and a hang is reported with the stacks of
+the stuck ranks. The exercises' solutions and wrong answers are tested in test_exercises_nb10.py.
+"""
+
+import os
+import socket
+
+import pytest
+import torch
+
+from course_utils import debug_training, debugging
+from course_utils.debugging import where_stuck
+from course_utils.distributed import LaunchTimeout, RankError, launch
+
+pytestmark = pytest.mark.usefixtures("nothing_left_behind")
+
+HANG_S = 3
+
+
+def assert_params_equal(got, reference, exact=False):
+    assert set(got) == set(reference)
+    for name, value in reference.items():
+        if exact:
+            assert torch.equal(got[name], value), name
+        else:
+            torch.testing.assert_close(got[name], value)
+
+
+def stuck(fn, *args, world_size=2):
+    with pytest.raises(LaunchTimeout) as info:
+        launch(fn, world_size, *args, timeout_s=HANG_S, echo=False)
+    return info.value, where_stuck(info.value.stacks)
+
+
+# ----------------------------------------------------------------------------- no_sync and Join
+
+@pytest.mark.parametrize(("world_size", "k"), [(2, 4), (3, 2), (2, 1)])
+def test_no_sync_accumulation_equals_one_big_batch(world_size, k):
+    reference = debug_training.accumulation_reference(world_size, k, 3, 3)
+    ranks = launch(debug_training.train_accumulating, world_size, debug_training.accumulate_step, k, 3, 3,
+                   echo=False)
+    for params in ranks:
+        assert_params_equal(params, reference)
+        assert_params_equal(params, ranks[0], exact=True)  # every rank bitwise the same
+
+
+def test_off_by_one_accumulation_lets_the_ranks_drift_apart():
+    reference = debug_training.accumulation_reference(2, 4, 3, 3)
+    ranks = launch(debug_training.train_accumulating, 2, debug_training.accumulate_step_off_by_one, 4, 3, 3,
+                   echo=False)
+    assert not torch.allclose(ranks[0]["0.weight"], ranks[1]["0.weight"])
+    assert not torch.allclose(ranks[0]["0.weight"], reference["0.weight"])
+
+
+@pytest.mark.parametrize("batches", [[3, 2], [1, 4], [2, 2, 5]])
+@pytest.mark.parametrize("mode", ["join", "equal"])
+def test_join_and_equal_shards_equal_their_references(batches, mode):
+    results = launch(debug_training.train_uneven, len(batches), batches, mode, echo=False)
+    reference = debug_training.uneven_reference(batches, mode)
+    expected_steps = batches if mode == "join" else [min(batches)] * len(batches)
+    assert [r["steps"] for r in results] == expected_steps
+    for result in results:
+        assert_params_equal(result["params"], reference)
+
+
+def test_join_reference_differs_from_dropping_batches():
+    """The Join reference counts the extra batches: it is not the equal-shards one in disguise."""
+    join, equal = (debug_training.uneven_reference([3, 2], mode) for mode in ("join", "equal"))
+    assert not torch.allclose(join["0.weight"], equal["0.weight"])
+
+
+# ----------------------------------------------------------------------------- the hangs
+
+def test_uneven_inputs_without_join_hang_in_backward():
+    err, where = stuck(debug_training.train_uneven, [3, 2], "plain")
+    assert list(err.stacks) == [0]  # rank 1 finished its two batches
+    assert where[0].startswith("backward -> backward") and "at: F.mse_loss" in where[0]
+
+
+def test_evaluation_on_rank_0_only_hangs_in_all_reduce_and_the_fix_finishes():
+    _, where = stuck(debugging.eval_on_rank_0_only)
+    assert where == {0: "eval_on_rank_0_only -> evaluate_everywhere -> all_reduce  at: "
+                        "dist.all_reduce(counts)  # every rank must get here"}
+    assert launch(debugging.evaluate_everywhere, 2, echo=False) == pytest.approx([0.6, 0.6])
+
+
+def test_collectives_out_of_order_hang_and_detail_names_them():
+    _, where = stuck(debugging.collectives_out_of_order)
+    assert where[0].startswith("collectives_out_of_order -> all_reduce")
+    assert where[1].startswith("collectives_out_of_order -> broadcast")
+    found = launch(debugging.collectives_out_of_order, 2, True, timeout_s=20, echo=False)
+    assert found == ["rank 0 runs ALLREDUCE; rank 1 runs BROADCAST"] * 2
+    assert launch(debugging.collectives_in_order, 3, echo=False) == [[3.0, 0.0]] * 3
+
+
+def test_where_stuck_keeps_function_names_and_the_waiting_line():
+    torch_dir = f"/v/site-packages{os.sep}torch{os.sep}distributed"
+    stacks = {1: ['  File "/x/mine.py", line 3, in step', "    helper()",
+                  '  File "/x/mine.py", line 9, in helper', "    dist.barrier()",
+                  f'  File "{torch_dir}/c10d_logger.py", line 8, in wrapper', "    return func(*args)",
+                  f'  File "{torch_dir}/distributed_c10d.py", line 5, in barrier', "    work.wait()"]}
+    assert where_stuck(stacks) == {1: "step -> helper -> barrier  at: dist.barrier()"}
+    assert where_stuck(stacks, last=1) == {1: "barrier  at: dist.barrier()"}
+    assert where_stuck({0: []}) == {0: "(no Python frame)"}
+
+
+# ----------------------------------------------------------------------------- the others
+
+def test_set_epoch_changes_the_order_and_forgetting_it_does_not():
+    for set_epoch in (False, True):
+        orders = launch(debugging.sampler_orders, 2, 8, 3, set_epoch, echo=False)
+        assert (orders[0][0] == orders[0][1] == orders[0][2]) is not set_epoch
+        for epoch in range(3):
+            assert sorted(orders[0][epoch] + orders[1][epoch]) == list(range(8))
+
+
+def test_padding_inflates_accuracy_and_the_all_gather_removes_it():
+    truth = launch(debugging.evaluate_everywhere, 1, 10, echo=False)[0]
+    padded = launch(debugging.padded_accuracy, 4, 10, echo=False)
+    exact = launch(debugging.exact_accuracy, 4, 10, echo=False)
+    assert truth == pytest.approx(0.6)
+    assert padded[0]["accuracy"] == pytest.approx(8 / 12)  # rows 0 and 1 (both right) twice
+    assert all(r == {"counted": 10, "accuracy": pytest.approx(truth)} for r in exact)
+
+
+def test_unused_parameters_fail_named_under_debug_and_train_with_either_fix():
+    with pytest.raises(RankError, match="Expected to have finished reduction"):
+        launch(debug_training.train_unused, 2, "plain", echo=False)
+    with pytest.raises(RankError, match=r"did not receive grad for rank \d: head_b.bias, head_b.weight"):
+        launch(debug_training.train_unused, 2, "debug", echo=False)
+    found = launch(debug_training.train_unused, 2, "find_unused", echo=False)
+    static = launch(debug_training.train_unused, 2, "static_graph", echo=False)
+    assert found == static and len(found[0]) == 3
+
+
+def test_ddp_broadcasts_weights_but_not_random_state():
+    r0, r1 = launch(debug_training.different_seeds, 2, echo=False)
+    assert r0["before"] != r1["before"] and r0["after"] == r1["after"] == r0["before"]
+    assert r0["data order"] != r1["data order"]
+    assert sorted(r0["sampler order"] + r1["sampler order"]) == list(range(8))
+
+
+def test_saving_without_a_barrier_races_and_with_one_loads_everywhere(tmp_path):
+    with pytest.raises(RankError) as info:
+        launch(debugging.save_then_load, 2, str(tmp_path / "a.pt"), False, echo=False)
+    assert (info.value.rank, info.value.exc_type) == (1, "FileNotFoundError")
+    weights = launch(debugging.save_then_load, 2, str(tmp_path / "b.pt"), True, echo=False)
+    assert weights[0] == weights[1] and len(weights[0]) == 2
+
+
+def test_a_port_in_use_fails_the_rendezvous_and_launch_is_not_affected():
+    with socket.socket() as leftover:
+        leftover.bind(("127.0.0.1", 0))
+        leftover.listen()
+        with pytest.raises(RankError, match="EADDRINUSE") as info:
+            launch(debugging.rendezvous_at, 2, leftover.getsockname()[1], init=False, timeout_s=20,
+                   echo=False)
+        assert info.value.rank == 0
+        assert launch(debugging.collectives_in_order, 2, echo=False) == [[2.0, 0.0]] * 2
+
+
+def test_compression_hooks_halve_the_bytes_and_keep_ranks_identical():
+    runs = {hook: launch(debug_training.train_compressed, 2, hook, 5, echo=False)
+            for hook in ("fp32", "fp16", "bf16")}
+    fp32_bytes = runs["fp32"][0]["bytes_per_step"]
+    assert fp32_bytes == 4 * sum(p.numel() for p in debug_training.small_model().parameters())
+    for hook in ("fp16", "bf16"):
+        assert runs[hook][0]["bytes_per_step"] == fp32_bytes / 2
+        for name, value in runs[hook][0]["params"].items():
+            assert torch.equal(value, runs[hook][1]["params"][name])
+            torch.testing.assert_close(value, runs["fp32"][0]["params"][name], atol=1e-2, rtol=0)
+        fp32 = runs["fp32"][0]["params"]
+        assert any(not torch.equal(v, fp32[n]) for n, v in runs[hook][0]["params"].items())  # lossy
+
+
+def test_wrapped_keys_show_each_prefix():
+    keys = launch(debug_training.wrapped_keys, 1, echo=False)[0]
+    assert keys == {"model": ["weight", "bias"], "DDP(model)": ["module.weight", "module.bias"],
+                    "torch.compile(model)": ["_orig_mod.weight", "_orig_mod.bias"],
+                    "DDP(torch.compile(model))": ["module._orig_mod.weight", "module._orig_mod.bias"]}
