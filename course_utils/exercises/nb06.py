@@ -1,0 +1,205 @@
+"""Exercises of notebook 06 (mixed precision), with their reference solutions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .core import Exercise
+
+__all__ = ["EXERCISES"]
+
+
+def _judge_survives(answer: Any) -> str | None:
+    if not (isinstance(answer, tuple) and len(answer) == 2 and all(isinstance(a, bool) for a in answer)):
+        return "write a pair of True/False: (1e-5 survives in fp16, 1e-9 survives in bf16)"
+    fp16, bf16 = answer
+    if fp16 != (torch.tensor(1e-5).half().item() != 0):
+        return ("1e-5 is below fp16's smallest *normal* number, but fp16 also has subnormal numbers, "
+                "which go much lower, with fewer significant bits: look at where fp16 stops entirely")
+    if bf16 != (torch.tensor(1e-9).bfloat16().item() != 0):
+        return ("bf16 has few mantissa bits but fp32's 8-bit exponent: its range is fp32's, and "
+                "1e-9 is well inside fp32's range")
+    return None
+
+
+def _scaled_step_setup() -> tuple[nn.Linear, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    return nn.Linear(8, 4), torch.randn(16, 8), torch.zeros(16, 4)
+
+
+def _tiny_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((output.float() - target) * 1e-8).sum()  # gradients of about 1e-8: below fp16's range
+
+
+def _judge_fp16_step(answer: Any) -> str | None:
+    if not callable(answer):
+        return f"fp16_step must stay a function, got {type(answer).__name__}"
+    from ..amp import autocast
+
+    reference, inputs, targets = _scaled_step_setup()
+    with autocast("off"):
+        _tiny_loss(reference(inputs), targets).backward()
+    expected = reference.weight.grad.clone()
+
+    model, inputs, targets = _scaled_step_setup()
+    before = model.weight.detach().clone()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e6)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1)
+    try:
+        answer(model, optimizer, scaler, inputs, targets, _tiny_loss)
+    except AssertionError as err:
+        if "inf checks" not in str(err):
+            raise
+        return ("the optimizer stepped with gradients still multiplied by the scale, and the scaler "
+                "never saw them (update found no inf check): let the scaler step the optimizer")
+    if model.weight.grad is None:
+        return "no gradient reached the weights: the step must run backward"
+    grad = model.weight.grad
+    scale = 2.0**16  # the scale the step ran with
+    if torch.count_nonzero(grad) == 0 or grad.abs().max() < expected.abs().max() / 100:
+        return ("the gradients came out (almost) zero: in fp16 gradients of about 1e-8 underflow. "
+                "Run backward on the loss the scaler has multiplied, not on the loss itself")
+    if torch.allclose(grad, expected * scale, rtol=1e-2):
+        return ("the step used gradients that are still multiplied by the scale: let the scaler "
+                "step the optimizer (it divides the gradients by the scale first, and skips a step "
+                "whose gradients overflowed)")
+    if not torch.allclose(grad, expected, rtol=1e-2, atol=1e-9):
+        return "the gradients differ from fp32's: autocast the forward and the loss, nothing else"
+    if torch.equal(before, model.weight.detach()):
+        return "the gradients are right but the weights did not move: the optimizer must step"
+    if not torch.allclose(model.weight.detach(), before - 1e6 * expected, rtol=1e-3, atol=1e-5):
+        return "the weights moved, but not by one SGD step with the unscaled gradients"
+    if scaler.get_scale() != 2 * scale:  # growth_interval=1: a good step, once recorded, doubles it
+        return "the step is right, but the scaler was not told about it: update it after the step"
+    return None
+
+
+_FP16_STEP = '''def fp16_step(model, optimizer, scaler, inputs, targets, loss_fn):
+    """One training step with fp16 autocast and loss scaling."""
+    optimizer.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = loss_fn(model(inputs), targets)
+{rest}
+'''
+
+
+def _fp16_step(rest: str) -> str:
+    return _FP16_STEP.format(rest=rest)
+
+
+_NEXT_SCALE = '''def next_scale(scale, good_steps, found_inf, growth_interval):
+    """GradScaler's update: the (scale, good_steps) to use after a step."""
+{body}
+'''
+
+
+def _next_scale(body: str) -> str:
+    return _NEXT_SCALE.format(body=body)
+
+
+def _judge_next_scale(answer: Any) -> str | None:
+    if not callable(answer):
+        return f"next_scale must stay a function, got {type(answer).__name__}"
+    got = answer(65536.0, 1, True, 2)
+    if not (isinstance(got, tuple) and len(got) == 2):
+        return "return a pair: (the new scale, the new count of good steps)"
+    if got[0] != 32768.0:
+        return "a step whose gradients overflowed (found_inf) is skipped and the scale halved"
+    if got[1] != 0:
+        return "an overflow also starts the count of good steps again from zero"
+    if answer(4096.0, 1, True, 2) != (2048.0, 0):
+        return "an overflow always halves the scale and resets the count, whatever the count was"
+    first = answer(4096.0, 0, False, 2)
+    if first[0] != 4096.0:
+        return ("the scale grows only after growth_interval good steps in a row, not after every "
+                "good step")
+    if first[1] != 1:
+        return "a good step that does not grow the scale adds one to the count of good steps"
+    grown = answer(4096.0, 1, False, 2)
+    if grown[0] != 8192.0:
+        return "when the count of good steps reaches growth_interval, the scale doubles"
+    if grown[1] != 0:
+        return "after the scale doubles, the count of good steps starts again from zero"
+    if answer(4096.0, 3, False, 5) != (4096.0, 4):
+        return "compare the count (after this good step) with growth_interval, not with a fixed number"
+    # the same run of steps through torch's own GradScaler: the scales must agree step by step
+    weight = nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([weight], lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=2)
+    scaler.scale(torch.ones(1))  # the scaler starts its scale on first use
+    scale, good = 2.0**16, 0
+    for found_inf in (True, True, False, False, True, False, False, False, True, False):
+        weight.grad = torch.tensor([float("inf") if found_inf else 1.0])
+        scaler.step(optimizer)
+        scaler.update()
+        scale, good = answer(scale, good, found_inf, 2)
+        if scale != scaler.get_scale():
+            return "over a longer run of steps your scale drifts from GradScaler's: check each rule again"
+    return None
+
+
+EXERCISES = [
+    Exercise(
+        key="06.1",
+        kind="predict",
+        title="which small numbers survive in 16 bits",
+        answer="survives",
+        starter="survives = ...  # (does 1e-5 survive in fp16?, does 1e-9 survive in bf16?): True/False\n",
+        solution="survives = (True, True)  # fp16 subnormals reach about 6e-8; bf16 has fp32's range\n",
+        judge=_judge_survives,
+        wrong=(("survives = (False, True)", "fp16 also has subnormal numbers"),
+               ("survives = (True, False)", "bf16 has few mantissa bits but fp32's 8-bit exponent"),
+               ("survives = (False, False)", "fp16 also has subnormal numbers")),
+    ),
+    Exercise(
+        key="06.2",
+        kind="fix",
+        title="a GradScaler step that does not scale",
+        answer="fp16_step",
+        starter=_fp16_step("    loss.backward()\n    scaler.step(optimizer)\n    scaler.update()"),
+        solution=_fp16_step("    scaler.scale(loss).backward()  # gradients scaled into fp16's range\n"
+                            "    scaler.step(optimizer)  # unscales, then steps (or skips on inf)\n"
+                            "    scaler.update()"),
+        judge=_judge_fp16_step,
+        wrong=((_fp16_step("    scaler.scale(loss).backward()\n    optimizer.step()\n    scaler.update()"),
+                "gradients still multiplied by the scale"),
+               (_fp16_step("    scaler.scale(loss).backward()\n    optimizer.step()"),
+                "gradients that are still multiplied by the scale"),
+               (_fp16_step("    scaler.scale(loss).backward()\n    scaler.step(optimizer)"),
+                "the scaler was not told about it"),
+               (_fp16_step("    loss.backward()\n    optimizer.step()"), "underflow")),
+        context="import torch\n",
+    ),
+    Exercise(
+        key="06.3",
+        kind="implement",
+        title="the scaler's dynamic scale",
+        answer="next_scale",
+        starter=_next_scale("    raise NotImplementedError"),
+        solution=_next_scale("""    if found_inf:  # the step was skipped: back off
+        return scale / 2, 0
+    good_steps += 1
+    if good_steps == growth_interval:  # a run of good steps: try a larger scale
+        return scale * 2, 0
+    return scale, good_steps"""),
+        judge=_judge_next_scale,
+        wrong=((_next_scale("""    if found_inf:
+        return scale / 2, good_steps
+    good_steps += 1
+    if good_steps == growth_interval:
+        return scale * 2, 0
+    return scale, good_steps"""), "starts the count of good steps again from zero"),
+               (_next_scale("""    if found_inf:
+        return scale / 2, 0
+    return scale * 2, good_steps + 1"""), "not after every good step"),
+               (_next_scale("""    if found_inf:
+        return scale / 2, 0
+    good_steps += 1
+    if good_steps == growth_interval:
+        return scale * 2, good_steps
+    return scale, good_steps"""), "after the scale doubles")),
+    ),
+]
