@@ -224,15 +224,22 @@ def train_unused(rank: int, world_size: int, mode: str, steps: int = 3) -> list[
     ddp_model = DDP(TwoHeads().to(device), process_group=group,
                     find_unused_parameters=mode == "find_unused", static_graph=mode == "static_graph")
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=LR)
+    return [round(loss, 4) for loss in _sine_steps(ddp_model, optimizer, rank, steps, rows=4)]
+
+
+def _sine_steps(ddp_model: DDP, optimizer: torch.optim.Optimizer, rank: int, steps: int,
+                rows: int) -> list[float]:
+    """``steps`` SGD steps on this rank's own random rows, learning ``sin(sum(x))``; the losses."""
+    device = rank_device()
     g = torch.Generator().manual_seed(rank)
     losses = []
     for _ in range(steps):
-        x = torch.randn(4, 4, generator=g).to(device)
+        x = torch.randn(rows, 4, generator=g).to(device)
         loss = F.mse_loss(ddp_model(x), x.sum(-1, keepdim=True).sin())
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        losses.append(round(loss.item(), 4))
+        losses.append(loss.item())
     return losses
 
 
@@ -305,16 +312,8 @@ def train_compressed(rank: int, world_size: int, hook: str, steps: int = 20) -> 
         return real(tensor, *args, **kwargs)
 
     dist.all_reduce = counting  # the hooks call dist.all_reduce: count what they hand it
-    g = torch.Generator().manual_seed(rank)
-    losses = []
     try:
-        for _ in range(steps):
-            x = torch.randn(16, 4, generator=g).to(device)
-            loss = F.mse_loss(ddp_model(x), x.sum(-1, keepdim=True).sin())
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(loss.item())
+        losses = _sine_steps(ddp_model, optimizer, rank, steps, rows=16)
     finally:
         dist.all_reduce = real
     return {"bytes_per_step": sum(sent) / steps, "losses": losses, "params": _params(ddp_model.module)}
