@@ -23,7 +23,10 @@ from course_utils.torchrun import torchrun
 pytestmark = pytest.mark.usefixtures("nothing_left_behind")
 
 
-STARTS = pytest.mark.parametrize("start", ["forkserver", "subprocess"])
+# Fresh interpreters (the start on GPU machines and off Linux) cost about 2 s more per launch:
+# make test checks the fork-server start, make stress (and CI) both.
+STARTS = pytest.mark.parametrize("start", ["forkserver",
+                                           pytest.param("subprocess", marks=pytest.mark.stress)])
 
 
 @STARTS

@@ -26,7 +26,10 @@ from course_utils.shipping import serialise_call
 pytestmark = pytest.mark.usefixtures("nothing_left_behind")
 
 
-STARTS = pytest.mark.parametrize("start", ["forkserver", "subprocess"])
+# Fresh interpreters (the start on GPU machines and off Linux) cost about 2 s more per launch:
+# make test checks the fork-server start, make stress (and CI) both.
+STARTS = pytest.mark.parametrize("start", ["forkserver",
+                                           pytest.param("subprocess", marks=pytest.mark.stress)])
 MODES = pytest.mark.parametrize("mode", ["by_value", "init_false"])
 
 
