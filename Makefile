@@ -24,8 +24,9 @@ $(STAMP): requirements.txt pyproject.toml
 	@touch $@
 
 # Unit tests and notebooks run on as many workers as the machine has cores (pytest-xdist);
-# --dist loadscope keeps each notebook (and each test module) on one worker, in order.
-PARALLEL := -n auto --dist loadscope
+# --dist loadscope keeps each notebook (and each test module) on one worker, in order; the notebooks,
+# the longest scopes, are collected first (pyproject's testpaths) and handed out first.
+PARALLEL := -n auto --dist loadscope --no-loadscope-reorder
 
 test: $(STAMP) ## Unit tests and every notebook under nbval, in parallel on this machine's cores
 	$(BIN)/python -m pytest $(PARALLEL)
