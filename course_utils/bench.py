@@ -183,7 +183,7 @@ def measure_strategies(size: str = "small", *, strategies: Sequence[str] = STRAT
     ``nn.Linear`` a unit) N processes, one GPU or one CPU thread each. ``ddp_2_amp`` adds
     autocast (fp16 with a GradScaler on GPUs, bf16 on the CPU). Records say where they ran.
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # a text bar updated every step: in a stored notebook it reads 100%
 
     from .distributed import launch
 
@@ -199,7 +199,8 @@ def measure_strategies(size: str = "small", *, strategies: Sequence[str] = STRAT
     width, rows = SIZES[size]
     global_batch = rows * devices
     records = []
-    for strategy in tqdm(list(strategies), desc=f"strategies ({size})", disable=not progress):
+    for strategy in tqdm(list(strategies), desc=f"strategies ({size})", disable=not progress,
+                         mininterval=0, miniters=1):
         ranks = _processes(strategy)
         results = launch(_harness_rank, ranks, strategy, width, global_batch, devices, steps,
                          echo=False, timeout_s=600, backend="nccl" if on_gpu else "gloo")
@@ -234,7 +235,7 @@ def measure_loader(num_workers: Sequence[int] = (0, 1, 2, 4), *, work: str = "io
     import warnings
 
     from torch.utils.data import DataLoader
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # a text bar updated every step: in a stored notebook it reads 100%
 
     from .data import SlowDataset
 
@@ -245,7 +246,8 @@ def measure_loader(num_workers: Sequence[int] = (0, 1, 2, 4), *, work: str = "io
     context = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
     result = {"work": work, "num_workers": list(num_workers), "first_epoch_s": [],
               "epoch_s": [], "warnings": []}
-    for workers in tqdm(list(num_workers), desc=f"num_workers ({work})", disable=not progress):
+    for workers in tqdm(list(num_workers), desc=f"num_workers ({work})", disable=not progress,
+                        mininterval=0, miniters=1):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers,
