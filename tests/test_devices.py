@@ -239,16 +239,45 @@ def test_every_rank_function_has_an_audit_case():
     assert covered - found == set(), "audit cases for functions that are gone"
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_every_rank_function_keeps_its_tensors_on_the_rank_device(case, tmp_path):
-    world_size, args = CASES[case]
-    fn = _rank_functions()[case.split(" ")[0]]
-    args = tuple(a.format(tmp=tmp_path) if isinstance(a, str) else a for a in args)
+def _audit_cases(rank, world_size, cases):
+    """Run every case, one after another in this group, each under its own audit."""
+    import torch.distributed as dist
+
+    found = {}
+    for case, fn, args in cases:
+        try:
+            found[case] = devices.audited(rank, world_size, fn, *args)
+        except Exception as err:  # reported per case below
+            found[case] = {"error": f"{type(err).__name__}: {err}"}
+        dist.barrier()  # every rank finishes a case before the next begins
+    return found
+
+
+@pytest.fixture(scope="module")
+def audits(tmp_path_factory):
+    """The audit of every case: one launch per world size (a launch per case costs a group set-up
+    and teardown each), with no process left behind."""
+    tmp = tmp_path_factory.mktemp("audit")
+    functions = _rank_functions()
+    results = {}
     before = {p.pid for p in rank_processes()}
-    results = launch(devices.audited, world_size, fn, *args, echo=False, backend="gloo")
-    assert [r["device"] for r in results] == ["cpu"] * world_size
-    assert [r["violations"] for r in results] == [[]] * world_size
+    for world_size in sorted({n for n, _ in CASES.values()}):
+        cases = [(case, functions[case.split(" ")[0]],
+                  tuple(a.format(tmp=tmp) if isinstance(a, str) else a for a in args))
+                 for case, (n, args) in CASES.items() if n == world_size]
+        per_rank = launch(_audit_cases, world_size, cases, echo=False, backend="gloo", timeout_s=300)
+        for case, _, _ in cases:
+            results[case] = [ranks[case] for ranks in per_rank]
     assert [p for p in rank_processes() if p.pid not in before] == []
+    return results
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_rank_function_keeps_its_tensors_on_the_rank_device(case, audits):
+    results = audits[case]
+    assert [r.get("error") for r in results] == [None] * len(results)
+    assert [r["device"] for r in results] == ["cpu"] * len(results)
+    assert [r["violations"] for r in results] == [[]] * len(results)
 
 
 def test_under_nccl_a_rank_binds_its_gpu_before_cuda_work_and_tells_the_group(monkeypatch):
