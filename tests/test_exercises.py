@@ -156,3 +156,10 @@ def test_a_fix_starter_that_imports_and_calls_a_module_reads_not_attempted():
     for node in ast.parse(starter).body:  # as IPython runs the cell
         exec(compile(ast.Module([node], type_ignores=[]), "<cell>", "exec"), namespace)
     assert verdict(ex, namespace["make"]).status == "not attempted yet"
+
+
+def test_every_notebook_from_01_on_has_exercises():
+    numbers = sorted(NOTEBOOKS)
+    assert numbers[0] == "00"
+    for number in numbers[1:]:
+        assert len(bank(number)) >= 3, f"notebook {number} needs at least three exercises"
