@@ -415,6 +415,8 @@ CASES = [
      ValueError, "key must look like '05.2'"),
     ('exercises.progress', lambda: exercises.progress(None),
      ValueError, "notebook must be a number such as '05'"),
+    ('exercises.run_on_ranks', lambda: exercises.run_on_ranks(print, 0, hang_hint="hung"),
+     ValueError, "world_size must be an int >= 1, got 0"),
     ('exercises.hint_from_ranks', lambda: exercises.hint_from_ranks(print, 0, hang_hint="hung"),
      ValueError, "world_size must be an int >= 1, got 0"),
     ('exercises.run_source', lambda: exercises.run_source("01.1", 2),

@@ -25,9 +25,10 @@ from .core import (
     find,
     hint_from_ranks,
     progress,
+    run_on_ranks,
     run_source,
     verdict,
 )
 
 __all__ = ["KINDS", "Exercise", "Verdict", "bank", "check", "find", "hint_from_ranks", "progress",
-           "run_source", "verdict"]
+           "run_on_ranks", "run_source", "verdict"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["KINDS", "Exercise", "Verdict", "bank", "check", "find", "hint_from_ranks", "progress",
-           "run_source", "verdict"]
+           "run_on_ranks", "run_source", "verdict"]
 
 #: predict: write a number or shape down before running; fix: repair a cell broken on purpose;
 #: implement: write a small piece of the lesson.
@@ -239,22 +239,30 @@ def run_source(key: str, src: str) -> Verdict:
     return verdict(key, namespace[ex.answer])
 
 
-def hint_from_ranks(rank_fn: Callable[..., str | None], world_size: int, *args: Any,
-                    hang_hint: str, timeout_s: float = 60.0) -> str | None:
-    """Judge an answer on real ranks: run ``rank_fn(rank, world_size, *args)`` with ``launch``
-    and return the first hint a rank gives (None when every rank is satisfied).
+def run_on_ranks(rank_fn: Callable[..., Any], world_size: int, *args: Any, hang_hint: str,
+                 timeout_s: float = 60.0) -> tuple[list | None, str | None]:
+    """Run an answer (or a judge's rank function) on real ranks for a check.
 
-    An answer that hangs is stopped at ``timeout_s`` and gets ``hang_hint``; one that raises on a
-    rank gets the first line of that error. Judges of rank exercises use it (notebooks 05, 09, 10).
+    Returns ``(results, None)``, or ``(None, hint)`` when the ranks hung (``hang_hint``) or one
+    raised (its first line). Checks run on gloo, on the CPU, on any machine: they judge the logic
+    of an answer, so answer cells need no device code. The one way a judge launches ranks
+    (notebooks 05, 09 and 10).
     """
     from ..distributed import LaunchTimeout, RankError, launch
 
     try:
-        hints = launch(rank_fn, world_size, *args, echo=False, timeout_s=timeout_s, stacks=False)
+        return launch(rank_fn, world_size, *args, echo=False, timeout_s=timeout_s, stacks=False,
+                      backend="gloo"), None
     except LaunchTimeout:
-        return hang_hint
+        return None, hang_hint
     except RankError as err:
         first = (err.message.strip().splitlines() or [""])[0]
-        return f"rank {err.rank} failed: {err.exc_type}: {first}"
-    return next((h for h in hints if h is not None), None)
+        return None, f"rank {err.rank} raised {err.exc_type}: {first}"
 
+
+def hint_from_ranks(rank_fn: Callable[..., str | None], world_size: int, *args: Any,
+                    hang_hint: str, timeout_s: float = 60.0) -> str | None:
+    """Judge on real ranks with :func:`run_on_ranks`, where ``rank_fn`` returns each rank's hint
+    (None when satisfied): the first hint, or the hang or error hint."""
+    results, hint = run_on_ranks(rank_fn, world_size, *args, hang_hint=hang_hint, timeout_s=timeout_s)
+    return hint if results is None else next((h for h in results if h is not None), None)

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .core import Exercise
+from .core import Exercise, run_on_ranks
 
 __all__ = ["EXERCISES"]
 
@@ -106,20 +106,15 @@ def _judge_two_heads(answer: Any) -> str | None:
     if not callable(answer):
         return f"train_two_heads must stay a function, got {type(answer).__name__}"
     from ..ddp_demos import TwoHeads
-    from ..distributed import LaunchTimeout, RankError, launch
-
-    try:
-        ranks = launch(answer, 2, timeout_s=20, echo=False)
-    except LaunchTimeout:
-        return ("the ranks did not finish within 20 s and were stopped: one rank waits in a "
-                "collective the other never calls; both must build and train the model the same way")
-    except RankError as err:
-        if "finished reduction" in err.message:
-            return ("DDP still waits for a gradient of every parameter, and forward never uses "
-                    "unused_head: tell DDP, when you wrap the model, to look for the parameters "
-                    "forward leaves out")
-        first = (err.message.strip().splitlines() or [""])[0]
-        return f"rank {err.rank} raised {err.exc_type}: {first}"
+    ranks, hint = run_on_ranks(answer, 2, timeout_s=20, hang_hint=(
+        "the ranks did not finish within 20 s and were stopped: one rank waits in a "
+        "collective the other never calls; both must build and train the model the same way"))
+    if hint is not None and "finished reduction" in hint:
+        return ("DDP still waits for a gradient of every parameter, and forward never uses "
+                "unused_head: tell DDP, when you wrap the model, to look for the parameters "
+                "forward leaves out")
+    if hint is not None:
+        return hint
     if not all(isinstance(r, dict) for r in ranks):
         return "return this rank's parameters: a dict of name -> tensor (the model's state_dict)"
     names = [n for n in ("body.weight", "body.bias", "used_head.weight", "used_head.bias") if n in ranks[0]]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .core import Exercise
+from .core import Exercise, run_on_ranks
 
 __all__ = ["ACCUMULATION", "CLEAN_KEYS", "HANG_S", "JOIN", "NO_GRAD", "run_ranks"]
 
@@ -16,20 +16,10 @@ HANG_S = 4.0  # a rank function that has not finished by then is stuck
 
 
 def run_ranks(fn: Any, world_size: int, *args: Any) -> tuple[list | None, str | None]:
-    """Run ``fn`` on ranks for a check: (results, None), or (None, what went wrong as a hint).
-
-    Checks run on gloo, on the CPU, on any machine: they judge the logic of an answer, and the
-    answer cells then need no device code.
-    """
-    from course_utils.distributed import LaunchTimeout, RankError, launch
-
-    try:
-        return launch(fn, world_size, *args, timeout_s=HANG_S, echo=False, backend="gloo"), None
-    except LaunchTimeout:
-        return None, ("the ranks hung: one rank waited in a collective that another rank never "
-                      "called, or called in a different order")
-    except RankError as err:
-        return None, f"rank {err.rank} raised {err.exc_type}: {err.message.splitlines()[0]}"
+    """:func:`run_on_ranks` with notebook 10's hang limit and hang hint."""
+    return run_on_ranks(fn, world_size, *args, timeout_s=HANG_S, hang_hint=(
+        "the ranks hung: one rank waited in a collective that another rank never called, or "
+        "called in a different order"))
 
 
 def _max_diff(a: dict, b: dict) -> float:
