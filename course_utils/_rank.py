@@ -127,6 +127,10 @@ def run(workdir: Path, rank: int) -> int:
 
         from course_utils.devices import init_kwargs
 
+        # Everything imported so far lives as long as the process: keep it out of the collector's
+        # way, so that the gc.collect() before destroy (below, and in the rank functions) looks
+        # only at what fn made, in milliseconds instead of 0.2 s a call.
+        gc.freeze()
         _drain_before_destroy(dist)
         payload = pickle.loads((workdir / "payload.pkl").read_bytes())
         # the launching process's import path, as multiprocessing's spawn gives its children

@@ -248,6 +248,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--kill-rank and --kill-at-step go together: give both or neither")
     config = TrainConfig(**{k: getattr(args, k) for k in asdict(defaults)})
 
+    gc.freeze()  # the imports stay for good: the gc.collect() at the end looks only at the training
     torch.set_num_threads(1)
     # NCCL when each of this node's ranks has a GPU of its own (COURSE_BACKEND overrides)
     backend = choose_backend(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
