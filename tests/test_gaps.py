@@ -129,7 +129,7 @@ def test_launch_stops_the_processes_its_ranks_started(tmp_path, then):
     pid_file = tmp_path / "child"
     if then == "hang":
         with pytest.raises(LaunchTimeout):
-            launch(_start_a_child_and, 2, str(pid_file), then, timeout_s=5, echo=False, stacks=False)
+            launch(_start_a_child_and, 2, str(pid_file), then, timeout_s=3, echo=False, stacks=False)
     else:
         launch(_start_a_child_and, 2, str(pid_file), then, echo=False)
     pids = [int(pid_file.with_suffix(f".{rank}").read_text()) for rank in range(2)]

@@ -41,25 +41,34 @@ BRANCHES = {
 NO_GPU = "this machine has a GPU: there the gpu tests run (make gpu-check) instead of skipping"
 
 
-def pytest_in_subprocess(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-
-
-def test_every_cuda_branch_has_a_gpu_test():
-    result = pytest_in_subprocess("-m", "gpu", "--collect-only", "-q", "tests/test_gpu.py")
+@pytest.fixture(scope="module")
+def gpu_tests(tmp_path_factory):
+    """One pytest run of tests/test_gpu.py in a subprocess, shared by the tests below: without a GPU
+    the whole run (every test skips at once), with one only the collection (the tests themselves
+    are `make gpu-check`'s). Returns (the run, its JUnit XML or None, the collected test names)."""
+    xml = tmp_path_factory.mktemp("gpu") / "junit.xml"
+    run_them = torch.cuda.device_count() == 0
+    mode = [f"--junitxml={xml}"] if run_them else ["--collect-only", "-q"]
+    result = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", *mode,
+                             "-p", "no:cacheprovider"], cwd=REPO, capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    collected = [line for line in result.stdout.splitlines() if "::" in line]
+    names = ([t.name for t in parse_junit(xml)] if run_them
+             else [line for line in result.stdout.splitlines() if "::" in line])
+    return result, xml if run_them else None, names
+
+
+def test_every_cuda_branch_has_a_gpu_test(gpu_tests):
+    _, _, names = gpu_tests
+    assert names
     for branch, name in BRANCHES.items():
-        assert any(re.search(f"::{name}(\\[|$)", line) for line in collected), f"no gpu test for {branch}"
+        assert any(re.search(f"::{name}(\\[|$)", line) for line in names), f"no gpu test for {branch}"
 
 
 @pytest.mark.skipif(torch.cuda.device_count() > 0, reason=NO_GPU)
-def test_without_a_gpu_every_gpu_test_is_skipped_with_its_reason(tmp_path):
-    xml = tmp_path / "junit.xml"
-    result = pytest_in_subprocess("-m", "gpu", "tests/test_gpu.py", f"--junitxml={xml}")
+def test_without_a_gpu_every_gpu_test_is_skipped_with_its_reason(gpu_tests):
+    result, xml, names = gpu_tests
     out = result.stdout
-    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
     collected = int(re.search(r"collected (\d+) items?", out).group(1))
     summary = out.strip().splitlines()[-1]
     assert re.fullmatch(rf"=+ {collected} skipped in [\d.]+s( \([\d:]+\))? =+", summary), summary
@@ -67,7 +76,7 @@ def test_without_a_gpu_every_gpu_test_is_skipped_with_its_reason(tmp_path):
     assert sum(int(count) for count, _ in reasons) == collected >= len(BRANCHES)
     assert all(re.fullmatch(r"needs \d+ GPUs?; this machine has 0", reason) for _, reason in reasons)
     tests = parse_junit(xml)
-    assert len(tests) == collected
+    assert len(tests) == len(names) == collected
     assert all(t.outcome == "skipped" and allowed_skip(t, 0) for t in tests)
 
 
@@ -191,8 +200,8 @@ def test_run_notebook_executes_in_memory_in_the_notebooks_folder(tmp_path):
 
 def test_a_notebook_that_runs_too_long_fails_with_a_timeout(tmp_path):
     slow = notebook(tmp_path / "slow.ipynb", "import time", "time.sleep(600)")
-    result = run_notebook(slow, timeout_s=5)
-    assert not result.passed and result.error == "Timeout: did not finish within 5 s"
+    result = run_notebook(slow, timeout_s=3)
+    assert not result.passed and result.error == "Timeout: did not finish within 3 s"
 
 
 def test_main_runs_the_tests_and_the_notebooks_and_writes_the_report(tmp_path, monkeypatch, capsys):

@@ -23,16 +23,27 @@ def test_there_are_notebooks_and_they_are_numbered():
     assert numbers[0] == 0 and len(set(numbers)) == len(numbers), names
 
 
-def test_nbval_collects_every_code_cell_of_every_notebook():
-    """`make test` runs plain `pytest`; nbval must pick up every notebook in notebooks/."""
+def collected_cells(request) -> list[str]:
+    """The notebook cells this pytest run collected (`make test` collects every notebook beside this
+    test), or, in a run that did not collect each notebook (``pytest tests``, ``-k``), a fresh
+    collection of notebooks/ in a subprocess."""
+    ids = [item.nodeid for item in request.session.items if item.nodeid.startswith("notebooks/")]
+    if {i.split("::")[0] for i in ids} == {f"notebooks/{p.name}" for p in NOTEBOOKS} and not (
+            request.config.option.keyword):
+        return ids
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", "notebooks"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+    return [line.strip() for line in out.stdout.splitlines()]
+
+
+def test_nbval_collects_every_code_cell_of_every_notebook(request):
+    """`make test` runs plain `pytest`; nbval must pick up every notebook in notebooks/."""
     collected: dict[str, int] = {}
-    for line in out.stdout.splitlines():
-        match = re.match(r"^notebooks/([^:]+\.ipynb)::Cell \d+$", line.strip())
+    for line in collected_cells(request):
+        match = re.match(r"^notebooks/([^:]+\.ipynb)::Cell \d+$", line)
         if match:
             collected[match.group(1)] = collected.get(match.group(1), 0) + 1
     for path in NOTEBOOKS:
