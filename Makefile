@@ -17,7 +17,7 @@ help: ## List the targets
 install: $(STAMP) ## Create .venv with the exact pins and course_utils (editable)
 
 $(STAMP): requirements.txt pyproject.toml
-	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 10) else "Python 3.10+ is needed, found %d.%d" % v[:2])'
+	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else "Python 3.11+ is needed, found %d.%d" % v[:2])'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .

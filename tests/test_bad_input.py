@@ -415,6 +415,10 @@ CASES = [
      ValueError, "key must look like '05.2'"),
     ('exercises.progress', lambda: exercises.progress(None),
      ValueError, "notebook must be a number such as '05'"),
+    ('exercises.load_bank', lambda: exercises.load_bank("course_utils.no_such_bank"),
+     ValueError, "module_name must name an imported bank module"),
+    ('exercises.load_bank file', lambda: exercises.load_bank("course_utils.exercises.core"),
+     ValueError, "course_utils.exercises.core has no exercise file core.toml beside it"),
     ('exercises.run_on_ranks', lambda: exercises.run_on_ranks(print, 0, hang_hint="hung"),
      ValueError, "world_size must be an int >= 1, got 0"),
     ('exercises.hint_from_ranks', lambda: exercises.hint_from_ranks(print, 0, hang_hint="hung"),
@@ -512,7 +516,6 @@ def test_every_public_callable_has_a_bad_input_case():
         "debug_training.accumulate_step", "debug_training.accumulate_step_off_by_one",
         "debug_training.train_accumulating", "debug_training.train_uneven", "debug_training.different_seeds",
         "debug_training.wrapped_keys", "debug_training.bf16_compress_on_gloo", "debug_training.small_model",
-        "debug_training.TwoHeads",
     }
     missing = []
     # the package's modules, and the modules of its subpackages (exercises.edition as "edition")

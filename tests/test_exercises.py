@@ -3,12 +3,14 @@ hint, an unanswered exercise reads "not attempted yet", each notebook carries it
 and the solutions edition is generated from the one place the solutions live."""
 
 import re
+import sys
+import types
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from course_utils.exercises import Exercise, bank, check, find, progress, run_source, verdict
+from course_utils.exercises import Exercise, bank, check, find, load_bank, progress, run_source, verdict
 from course_utils.exercises.edition import BANNER, answer_key, build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,6 +107,31 @@ def test_an_answer_that_raises_gets_a_hint_not_an_exception():
 
     result = verdict("01.2", to_target)
     assert result.status == "not yet" and "KeyError" in result.hint and "boom" in result.hint
+
+
+@pytest.mark.parametrize("ex", [ex for ex in ALL if ex.kind != "predict"],
+                         ids=[ex.key for ex in ALL if ex.kind != "predict"])
+def test_a_fix_or_implement_answered_with_a_value_is_told_to_stay_a_function(ex):
+    result = verdict(ex, 3)
+    assert (result.status, result.hint) == ("not yet", f"{ex.answer} must stay a function, got int")
+
+
+def test_a_bank_file_that_names_a_missing_judge_is_refused(tmp_path, monkeypatch):
+    module = types.ModuleType("course_utils.exercises.nb99")
+    module.__file__ = str(tmp_path / "nb99.py")
+    module._judge_known = lambda answer: None
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    entry = ('[[exercise]]\nkey = "99.1"\nkind = "predict"\ntitle = "t"\nanswer = "a"\n'
+             'judge = "{judge}"\nstarter = "a = ..."\nsolution = "a = 1"\n'
+             '[[exercise.wrong]]\nsource = "a = 2"\nhint = "x"\n'
+             '[[exercise.wrong]]\nsource = "a = 3"\nhint = "y"\n')
+    (tmp_path / "nb99.toml").write_text(entry.format(judge="_judge_known"))
+    [ex] = load_bank(module.__name__)
+    assert (ex.key, ex.judge, ex.wrong) == ("99.1", module._judge_known, (("a = 2", "x"), ("a = 3", "y")))
+    (tmp_path / "nb99.toml").write_text(entry.format(judge="_judge_typo"))
+    with pytest.raises(ValueError, match="exercise 99.1 names judge '_judge_typo', which "
+                                         "course_utils.exercises.nb99 does not define"):
+        load_bank(module.__name__)
 
 
 def test_a_fix_left_as_shipped_is_not_attempted_even_with_new_comments():

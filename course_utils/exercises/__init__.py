@@ -10,8 +10,9 @@ A notebook asks a question in a markdown cell, gives an answer cell to fill in (
 not, reads "not attempted yet" while the answer cell is as shipped, and never raises.
 ``progress("02")`` lists which of a notebook's exercises pass.
 
-Each notebook's exercises, with their reference solutions and the wrong answers each hint is for,
-are defined in one place, ``course_utils/exercises/nbNN.py``; the solutions edition of the
+Each notebook's exercises are defined in one place: their content (the answer cell as shipped,
+the reference solution, the wrong answers learners commonly write and the hint each must get) in
+``course_utils/exercises/nbNN.toml``, their judges in ``nbNN.py``. The solutions edition of the
 notebooks is generated from them (``make solutions``), and ``tests/test_exercises.py`` proves that
 every solution passes and every listed wrong answer gets its hint.
 """
@@ -24,11 +25,12 @@ from .core import (
     check,
     find,
     hint_from_ranks,
+    load_bank,
     progress,
     run_on_ranks,
     run_source,
     verdict,
 )
 
-__all__ = ["KINDS", "Exercise", "Verdict", "bank", "check", "find", "hint_from_ranks", "progress",
-           "run_on_ranks", "run_source", "verdict"]
+__all__ = ["KINDS", "Exercise", "Verdict", "bank", "check", "find", "hint_from_ranks", "load_bank",
+           "progress", "run_on_ranks", "run_source", "verdict"]

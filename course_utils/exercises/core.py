@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["KINDS", "Exercise", "Verdict", "bank", "check", "find", "hint_from_ranks", "progress",
-           "run_on_ranks", "run_source", "verdict"]
+__all__ = ["KINDS", "Exercise", "Verdict", "bank", "check", "find", "hint_from_ranks", "load_bank",
+           "progress", "run_on_ranks", "run_source", "verdict"]
 
 #: predict: write a number or shape down before running; fix: repair a cell broken on purpose;
 #: implement: write a small piece of the lesson.
@@ -123,6 +123,36 @@ def bank(notebook: Any) -> list[Exercise]:
     return list(exercises)
 
 
+def load_bank(module_name: str) -> list[Exercise]:
+    """The exercises of bank module ``module_name`` (``course_utils.exercises.nb05``), in order.
+
+    Their content (answer cell as shipped, solution, wrong answers with their hint fragments) is
+    data, in ``nb05.toml`` beside the module; each entry names its judge, a function of the module.
+    """
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    module = sys.modules.get(module_name) if isinstance(module_name, str) else None
+    if module is None or not getattr(module, "__file__", None):
+        raise ValueError(f"module_name must name an imported bank module (call load_bank(__name__) at "
+                         f"the end of one), got {module_name!r}")
+    path = Path(module.__file__).with_suffix(".toml")
+    if not path.is_file():
+        raise ValueError(f"{module_name} has no exercise file {path.name} beside it")
+    exercises = []
+    for entry in tomllib.loads(path.read_text(encoding="utf-8"))["exercise"]:
+        entry = dict(entry)
+        judge = getattr(module, entry["judge"], None)
+        if judge is None:
+            raise ValueError(f"{path.name}: exercise {entry.get('key')} names judge {entry['judge']!r}, "
+                             f"which {module_name} does not define")
+        entry["judge"] = judge
+        entry["wrong"] = tuple((w["source"], w["hint"]) for w in entry.get("wrong", ()))
+        exercises.append(Exercise(**entry))
+    return exercises
+
+
 def find(key: str) -> Exercise:
     """The exercise with this key (``"05.2"``)."""
     match = _KEY.match(key) if isinstance(key, str) else None
@@ -175,6 +205,9 @@ def verdict(key: str | Exercise, answer: Any) -> Verdict:
     ex = key if isinstance(key, Exercise) else find(key)
     if _unattempted(ex, answer):
         return Verdict(ex.key, ex.kind, "not attempted yet", _TODO[ex.kind])
+    if ex.kind != "predict" and not callable(answer):  # every fix and implement defines a function
+        return Verdict(ex.key, ex.kind, "not yet",
+                       f"{ex.answer} must stay a function, got {type(answer).__name__}")
     try:
         hint = ex.judge(answer)
     except NotImplementedError:

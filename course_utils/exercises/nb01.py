@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .core import Exercise
+from .core import load_bank
 
 __all__ = ["EXERCISES"]
 
@@ -34,8 +34,6 @@ def _judge_same_objects(answer: Any) -> str | None:
 
 
 def _judge_to_target(answer: Any) -> str | None:
-    if not callable(answer):
-        return f"to_target must stay a function, got {type(answer).__name__}"
     model = nn.Linear(3, 1)
     inputs, targets = torch.ones(4, 3), torch.zeros(4, 1)
     returned = answer(model, inputs, targets, torch.float64)
@@ -55,8 +53,6 @@ def _judge_to_target(answer: Any) -> str | None:
 
 
 def _judge_device_name(answer: Any) -> str | None:
-    if not callable(answer):
-        return f"device_name must stay a function, got {type(answer).__name__}"
     if answer(0, 0) != "cpu" or answer(3, 0) != "cpu":
         return "with no GPU at all (gpu_count == 0), the only device there is is 'cpu'"
     for index, count in [(0, 1), (1, 2), (2, 4)]:
@@ -73,75 +69,4 @@ def _judge_device_name(answer: Any) -> str | None:
             "raise a ValueError that says how many GPUs there are")
 
 
-EXERCISES = [
-    Exercise(
-        key="01.1",
-        kind="predict",
-        title="how many .to() calls return the same object",
-        answer="same_objects",
-        starter="same_objects = ...  # 0 to 4: how many of the four calls return x itself?\n",
-        solution="same_objects = 2  # x.to('cpu') and x.to(torch.float32) change nothing\n",
-        judge=_judge_same_objects,
-        wrong=(("same_objects = 1", "count x.to(torch.float32)"),
-               ("same_objects = 3", "copy=True copies even when nothing changes"),
-               ("same_objects = 4", "a dtype change (float16) needs new storage")),
-    ),
-    Exercise(
-        key="01.2",
-        kind="fix",
-        title="a helper that moves a model and a batch",
-        answer="to_target",
-        starter='''def to_target(model, inputs, targets, target):
-    """Move the model and the batch to `target` (a device, or a dtype: the same rule applies)."""
-    model.to(target)
-    inputs.to(target)
-    targets.to(target)
-    return model, inputs, targets
-''',
-        solution='''def to_target(model, inputs, targets, target):
-    """Move the model and the batch to `target` (a device, or a dtype: the same rule applies)."""
-    model.to(target)  # a module converts in place
-    inputs = inputs.to(target)  # a tensor is returned, not changed
-    targets = targets.to(target)
-    return model, inputs, targets
-''',
-        judge=_judge_to_target,
-        wrong=(('''def to_target(model, inputs, targets, target):
-    model = model.to(target)
-    inputs.to(target)
-    targets.to(target)
-    return model, inputs, targets
-''', "keep what it returns"),
-               ('''def to_target(model, inputs, targets, target):
-    model.to(target)
-    inputs = inputs.to(target)
-    targets.to(target)
-    return model, inputs, targets
-''', "the targets are still float32")),
-    ),
-    Exercise(
-        key="01.3",
-        kind="implement",
-        title="name a device that exists",
-        answer="device_name",
-        starter='''def device_name(index, gpu_count):
-    """'cuda:<index>' if that GPU exists, 'cpu' if there are no GPUs, else a ValueError."""
-    raise NotImplementedError
-''',
-        solution='''def device_name(index, gpu_count):
-    """'cuda:<index>' if that GPU exists, 'cpu' if there are no GPUs, else a ValueError."""
-    if gpu_count == 0:
-        return "cpu"
-    if not 0 <= index < gpu_count:
-        raise ValueError(f"there are {gpu_count} GPUs (cuda:0 to cuda:{gpu_count - 1}), not cuda:{index}")
-    return f"cuda:{index}"
-''',
-        judge=_judge_device_name,
-        wrong=(('''def device_name(index, gpu_count):
-    return f"cuda:{index}" if gpu_count else "cpu"
-''', "with one GPU there is no cuda:2"),
-               ('''def device_name(index, gpu_count):
-    return f"cuda:{index}"
-''', "with no GPU at all")),
-    ),
-]
+EXERCISES = load_bank(__name__)

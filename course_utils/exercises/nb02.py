@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .core import Exercise
+from .core import load_bank
 
 __all__ = ["EXERCISES"]
 
@@ -56,8 +56,6 @@ def _judge_busy_devices(answer: Any) -> str | None:
 
 
 def _judge_split_sizes(answer: Any) -> str | None:
-    if not callable(answer):
-        return f"chunk_sizes must stay a function, got {type(answer).__name__}"
     for batch, devices in [(30, 2), (30, 4), (30, 8), (10, 8), (13, 4), (9, 4), (3, 8), (1, 1), (64, 16)]:
         got = answer(batch, devices)
         want = _chunk_rule(batch, devices)
@@ -79,55 +77,4 @@ def _judge_split_sizes(answer: Any) -> str | None:
     return None
 
 
-EXERCISES = [
-    Exercise(
-        key="02.1",
-        kind="predict",
-        title="the chunks of a batch of 13 on 4 devices",
-        answer="chunks_of_13",
-        starter="chunks_of_13 = ...  # a list: the rows each device gets, device 0 first\n",
-        solution="chunks_of_13 = [4, 4, 4, 1]  # pieces of ceil(13 / 4) = 4 rows, the rest last\n",
-        judge=_judge_chunks_of_13,
-        wrong=(("chunks_of_13 = [4, 3, 3, 3]", "torch.tensor_split"),
-               ("chunks_of_13 = [1, 4, 4, 4]", "not their order"),
-               ("chunks_of_13 = [3, 3, 3, 3]", "every row goes somewhere")),
-    ),
-    Exercise(
-        key="02.2",
-        kind="implement",
-        title="DataParallel's split rule, without torch.chunk",
-        answer="chunk_sizes",
-        starter='''def chunk_sizes(batch, devices):
-    """The rows each device gets when DataParallel scatters `batch` rows over `devices` devices."""
-    raise NotImplementedError
-''',
-        solution='''def chunk_sizes(batch, devices):
-    """The rows each device gets when DataParallel scatters `batch` rows over `devices` devices."""
-    step = -(-batch // devices)  # ceil(batch / devices)
-    return [min(step, batch - start) for start in range(0, batch, step)]
-''',
-        judge=_judge_split_sizes,
-        wrong=(('''def chunk_sizes(batch, devices):
-    return [batch // devices + (1 if i < batch % devices else 0) for i in range(devices)]
-''', "as torch.tensor_split does"),
-               ('''def chunk_sizes(batch, devices):
-    return [batch // devices] * devices
-''', "the remainder must go somewhere"),
-               ('''def chunk_sizes(batch, devices):
-    step = -(-batch // devices)
-    return [step] * (devices - 1) + [batch - step * (devices - 1)]
-''', "the batch runs out before the devices do")),
-    ),
-    Exercise(
-        key="02.3",
-        kind="predict",
-        title="how many of 8 devices work on a batch of 18",
-        answer="busy_devices",
-        starter="busy_devices = ...  # 0 to 8: how many devices get rows from a batch of 18?\n",
-        solution="busy_devices = 6  # pieces of ceil(18 / 8) = 3 rows: 18 rows make 6 of them\n",
-        judge=_judge_busy_devices,
-        wrong=(("busy_devices = 8", "chunk does not promise every device a piece"),
-               ("busy_devices = 9", "only 8 devices"),
-               ("busy_devices = 5", "count how many pieces it takes")),
-    ),
-]
+EXERCISES = load_bank(__name__)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .core import Exercise
+from .core import load_bank
 
 __all__ = ["EXERCISES"]
 
@@ -16,8 +16,6 @@ def _judge_gru(answer: Any) -> str | None:
     from ..models import SequenceGRU
     from ..simulated import sim_devices
 
-    if not callable(answer):
-        return f"gru_on_devices must stay a function, got {type(answer).__name__}"
     torch.manual_seed(0)
     gru = SequenceGRU()
     seq = torch.randn(8, 4, 6)  # (time, batch, features)
@@ -45,8 +43,6 @@ def _judge_gru(answer: Any) -> str | None:
 
 
 def _judge_strip(answer: Any) -> str | None:
-    if not callable(answer):
-        return f"strip_module_prefix must stay a function, got {type(answer).__name__}"
     w, b, inner = torch.ones(2, 2), torch.zeros(2), torch.full((3,), 2.0)
     wrapped = {"module.block1.weight": w, "module.block1.bias": b, "module.block2.module.weight": inner}
     before = dict(wrapped)
@@ -93,72 +89,4 @@ def _judge_weights(answer: Any) -> str | None:
             "in the order torch.chunk cuts them")
 
 
-EXERCISES = [
-    Exercise(
-        key="03.1",
-        kind="fix",
-        title="a sequence-first GRU on several devices",
-        answer="gru_on_devices",
-        context="from course_utils.by_hand import data_parallel\n",
-        starter='''def gru_on_devices(gru, seq, devices):
-    """Run a sequence-first GRU, seq of shape (time, batch, features), data-parallel over devices."""
-    return data_parallel(gru, seq, devices)
-''',
-        solution='''def gru_on_devices(gru, seq, devices):
-    """Run a sequence-first GRU, seq of shape (time, batch, features), data-parallel over devices."""
-    return data_parallel(gru, seq, devices, dim=1)  # the batch is dimension 1
-''',
-        judge=_judge_gru,
-        wrong=(('''def gru_on_devices(gru, seq, devices):
-    return data_parallel(gru, seq, devices, dim=2)
-''', "so the axis you cut is not the batch"),
-               ('''def gru_on_devices(gru, seq, devices):
-    return data_parallel(gru, seq.transpose(0, 1), devices)
-''', "a few whole sequences each"),
-               ('''def gru_on_devices(gru, seq, devices):
-    return data_parallel(gru, seq, devices, dim=0)
-''', "stacked along the layers axis")),
-    ),
-    Exercise(
-        key="03.2",
-        kind="implement",
-        title="strip the module. prefix from a checkpoint",
-        answer="strip_module_prefix",
-        starter='''def strip_module_prefix(state_dict):
-    """A new state_dict whose keys have lost a leading 'module.' (the rest unchanged)."""
-    raise NotImplementedError
-''',
-        solution='''def strip_module_prefix(state_dict):
-    """A new state_dict whose keys have lost a leading 'module.' (the rest unchanged)."""
-    prefix = "module."
-    return {(key[len(prefix):] if key.startswith(prefix) else key): value
-            for key, value in state_dict.items()}
-''',
-        judge=_judge_strip,
-        wrong=(('''def strip_module_prefix(state_dict):
-    return {key.replace("module.", ""): value for key, value in state_dict.items()}
-''', "remove the prefix at the start of a key only"),
-               ('''def strip_module_prefix(state_dict):
-    return {key[len("module."):]: value for key, value in state_dict.items()}
-''', "a checkpoint without the prefix"),
-               ('''def strip_module_prefix(state_dict):
-    for key in list(state_dict):
-        if key.startswith("module."):
-            state_dict[key[len("module."):]] = state_dict.pop(key)
-    return state_dict
-''', "leave the argument as it was")),
-    ),
-    Exercise(
-        key="03.3",
-        kind="predict",
-        title="the weights that turn per-replica losses into the batch's loss",
-        answer="loss_weights",
-        starter="loss_weights = ...  # a list: one weight per loss the replicas return, device 0 first\n",
-        solution="loss_weights = [0.3, 0.3, 0.3, 0.1]  # chunks of 3, 3, 3 and 1 rows out of 10\n",
-        judge=_judge_weights,
-        wrong=(("loss_weights = [0.25, 0.25, 0.25, 0.25]", "without weighting them by chunk size"),
-               ("loss_weights = [3, 3, 3, 1]", "the weights add up to 1"),
-               ("loss_weights = [0.3, 0.3, 0.2, 0.2]", "in the order torch.chunk cuts them"),
-               ("loss_weights = [0.4, 0.4, 0.2]", "count the chunks first")),
-    ),
-]
+EXERCISES = load_bank(__name__)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .core import Exercise
+from .core import load_bank
 
 __all__ = ["EXERCISES"]
 
@@ -67,8 +67,6 @@ def _judge_visible(answer: Any) -> str | None:
 
 
 def _judge_combine(answer: Any) -> str | None:
-    if not callable(answer):
-        return f"combine_losses must stay a function, got {type(answer).__name__}"
     torch.manual_seed(0)
     outputs, targets = torch.randn(10, 3), torch.randint(0, 3, (10,))
     sizes = [4, 4, 2]
@@ -98,57 +96,4 @@ def _judge_combine(answer: Any) -> str | None:
     return None
 
 
-EXERCISES = [
-    Exercise(
-        key="04.1",
-        kind="predict",
-        title="device 0's extra MiB with plain SGD",
-        answer="extra_mib_with_sgd",
-        starter="extra_mib_with_sgd = ...  # MiB more on device 0 than on device 1, with plain SGD\n",
-        solution="extra_mib_with_sgd = 3 * 476.9  # the outputs, their gradient, the log-probabilities\n",
-        judge=_judge_sgd_extra,
-        wrong=(("extra_mib_with_sgd = 2438.4", "plain SGD keeps no state"),
-               ("extra_mib_with_sgd = 476.9", "you counted the gathered logits only"),
-               ("extra_mib_with_sgd = 2 * 476.9", "cross-entropy keeps its log-probabilities"),
-               ("extra_mib_with_sgd = 0", "device 0 still gathers the outputs")),
-    ),
-    Exercise(
-        key="04.2",
-        kind="predict",
-        title="CUDA_VISIBLE_DEVICES set after CUDA started",
-        answer="gpus_counted",
-        starter="gpus_counted = ...  # what the script's last line prints\n",
-        solution="gpus_counted = 8  # CUDA had started: it read the variable once, before the change\n",
-        judge=_judge_visible,
-        wrong=(("gpus_counted = 2", "CUDA had already started"),
-               ("gpus_counted = 1", "not the ones that hold a tensor")),
-    ),
-    Exercise(
-        key="04.3",
-        kind="implement",
-        title="the parallel criterion's reduction",
-        answer="combine_losses",
-        starter='''def combine_losses(per_device_losses, chunk_sizes, reduction):
-    """The whole batch's loss from each device's loss (computed with `reduction` over its chunk)."""
-    raise NotImplementedError
-''',
-        solution='''def combine_losses(per_device_losses, chunk_sizes, reduction):
-    """The whole batch's loss from each device's loss (computed with `reduction` over its chunk)."""
-    if reduction == "sum":
-        return sum(per_device_losses)
-    return sum(loss * size for loss, size in zip(per_device_losses, chunk_sizes)) / sum(chunk_sizes)
-''',
-        judge=_judge_combine,
-        wrong=(('''def combine_losses(per_device_losses, chunk_sizes, reduction):
-    return sum(per_device_losses) / len(per_device_losses)
-''', "without weighting them by chunk size"),
-               ('''def combine_losses(per_device_losses, chunk_sizes, reduction):
-    return sum(loss * size for loss, size in zip(per_device_losses, chunk_sizes)) / sum(chunk_sizes)
-''', "already a sum over its rows"),
-               ('''def combine_losses(per_device_losses, chunk_sizes, reduction):
-    if reduction == "sum":
-        return sum(per_device_losses)
-    return sum(loss * size for loss, size in zip(per_device_losses, chunk_sizes))
-''', "a mean divides it by the batch size")),
-    ),
-]
+EXERCISES = load_bank(__name__)

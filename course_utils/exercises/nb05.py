@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .core import Exercise, run_on_ranks
+from .core import load_bank, run_on_ranks
 
 __all__ = ["EXERCISES"]
 
@@ -73,19 +73,12 @@ def _judge_sampler_reads(answer: Any) -> str | None:
 
 
 def _judge_epoch_orders(answer: Any) -> str | None:
-    if not callable(answer):
-        return f"epoch_orders must stay a function, got {type(answer).__name__}"
     from torch.utils.data.distributed import DistributedSampler
 
-    def sampler() -> DistributedSampler:
-        return DistributedSampler(range(20), num_replicas=2, rank=0, shuffle=True, seed=0)
+    from course_utils.debugging import sampler_orders
 
-    expected = []
-    reference = sampler()
-    for epoch in range(4):
-        reference.set_epoch(epoch)
-        expected.append(list(reference))
-    got = answer(sampler(), 4)
+    expected = sampler_orders(0, 2, 20, 4, set_epoch=True)  # notebook 10's right loop
+    got = answer(DistributedSampler(range(20), num_replicas=2, rank=0, shuffle=True, seed=0), 4)
     if not (isinstance(got, dict) and sorted(got) == [0, 1, 2, 3]):
         return "return a dict with one list of indices per epoch: {0: [...], 1: [...], 2: [...], 3: [...]}"
     got = [list(got[epoch]) for epoch in range(4)]
@@ -103,8 +96,6 @@ def _judge_epoch_orders(answer: Any) -> str | None:
 
 
 def _judge_two_heads(answer: Any) -> str | None:
-    if not callable(answer):
-        return f"train_two_heads must stay a function, got {type(answer).__name__}"
     from ..ddp_demos import TwoHeads
     ranks, hint = run_on_ranks(answer, 2, timeout_s=20, hang_hint=(
         "the ranks did not finish within 20 s and were stopped: one rank waits in a "
@@ -142,103 +133,4 @@ def _judge_two_heads(answer: Any) -> str | None:
     return None
 
 
-_TWO_HEADS_CONTEXT = """\
-import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-from course_utils.ddp_demos import TwoHeads
-from course_utils.devices import rank_device
-"""
-
-_TWO_HEADS = '''def train_two_heads(rank, world_size):
-    """Two SGD steps of TwoHeads under DDP; returns this rank's parameters."""
-    device = rank_device()
-    torch.manual_seed(0)
-    ddp_model = DDP(TwoHeads().to(device){extra})
-    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(rank)  # each rank its own rows
-    for _ in range(2):
-        loss = ddp_model(torch.randn(8, 4, generator=g).to(device)).square().mean()
-        optimizer.zero_grad()
-{backward}
-        optimizer.step()
-    params = {{k: v.detach().cpu() for k, v in ddp_model.module.state_dict().items()}}
-    del ddp_model, optimizer
-    return params
-'''
-
-
-def _two_heads(extra: str = "", backward: str = "        loss.backward()") -> str:
-    return _TWO_HEADS.format(extra=extra, backward=backward)
-
-
-_EPOCH_ORDERS = '''def epoch_orders(sampler, epochs):
-    """The indices `sampler` gives this rank in each of `epochs` epochs: {{epoch: indices}}."""
-    orders = {{}}
-    for epoch in range(epochs):
-{body}
-    return orders
-'''
-
-
-def _epoch_orders(body: str) -> str:
-    return _EPOCH_ORDERS.format(body=body)
-
-
-EXERCISES = [
-    Exercise(
-        key="05.1",
-        kind="predict",
-        title="bytes one rank sends in a ring all-reduce",
-        answer="ring_bytes",
-        starter="ring_bytes = ...  # bytes each rank sends: 4096 float32 values, ring of 4 ranks\n",
-        solution="ring_bytes = 24576  # 2 phases x 3 steps x one chunk of 16384 / 4 bytes\n",
-        judge=_judge_ring_bytes,
-        wrong=(("ring_bytes = 12288", "you counted one phase"),
-               ("ring_bytes = 32768", "each of the ring's steps sends one chunk"),
-               ("ring_bytes = 6144", "that counts values, not bytes")),
-    ),
-    Exercise(
-        key="05.2",
-        kind="predict",
-        title="DistributedSampler pads an uneven data set",
-        answer="reads",
-        starter="reads = ...  # (samples each rank reads per epoch, duplicate reads in total)\n",
-        solution="reads = (3, 2)  # 10 over 4 rounds up to 3 each; 12 reads of 10 samples\n",
-        judge=_judge_sampler_reads,
-        wrong=(("reads = (2, 0)", "with drop_last=False nothing is dropped"),
-               ("reads = (3, 0)", "the sampler pads with samples from the start"),
-               ("reads = (3, 1)", "all ranks' reads together, minus 10")),
-    ),
-    Exercise(
-        key="05.3",
-        kind="fix",
-        title="every epoch in the same order",
-        answer="epoch_orders",
-        starter=_epoch_orders("        orders[epoch] = list(sampler)"),
-        solution=_epoch_orders("        sampler.set_epoch(epoch)  # shuffle with seed + epoch\n"
-                               "        orders[epoch] = list(sampler)"),
-        judge=_judge_epoch_orders,
-        wrong=((_epoch_orders("        sampler.set_epoch(0)\n        orders[epoch] = list(sampler)"),
-                "every epoch read the same order"),
-               (_epoch_orders("        orders[epoch] = list(sampler)\n        sampler.set_epoch(epoch)"),
-                "each epoch read the order of the epoch before")),
-    ),
-    Exercise(
-        key="05.4",
-        kind="fix",
-        title="a model with a head that forward never uses",
-        answer="train_two_heads",
-        starter=_two_heads(),
-        solution=_two_heads(", find_unused_parameters=True"),
-        judge=_judge_two_heads,
-        wrong=((_two_heads(", find_unused_parameters=False"), "forward never uses unused_head"),
-               (_two_heads(", find_unused_parameters=True").replace("loss = ddp_model(",
-                                                                     "loss = ddp_model.module("),
-                "the ranks' parameters differ"),
-               (_two_heads().replace("ddp_model.parameters()",
-                                     "[p for n, p in ddp_model.named_parameters() if 'unused' not in n]"),
-                "DDP still waits for a gradient of every parameter")),
-        context=_TWO_HEADS_CONTEXT,
-    ),
-]
+EXERCISES = load_bank(__name__)

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .core import Exercise
+from .core import load_bank
 
 __all__ = ["EXERCISES"]
 
@@ -35,8 +35,6 @@ def _tiny_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def _judge_fp16_step(answer: Any) -> str | None:
-    if not callable(answer):
-        return f"fp16_step must stay a function, got {type(answer).__name__}"
     from ..amp import autocast
 
     reference, inputs, targets = _scaled_step_setup()
@@ -77,54 +75,33 @@ def _judge_fp16_step(answer: Any) -> str | None:
     return None
 
 
-_FP16_STEP = '''def fp16_step(model, optimizer, scaler, inputs, targets, loss_fn):
-    """One training step with fp16 autocast and loss scaling."""
-    optimizer.zero_grad()
-    with torch.autocast("cpu", dtype=torch.float16):
-        loss = loss_fn(model(inputs), targets)
-{rest}
-'''
-
-
-def _fp16_step(rest: str) -> str:
-    return _FP16_STEP.format(rest=rest)
-
-
-_NEXT_SCALE = '''def next_scale(scale, good_steps, found_inf, growth_interval):
-    """GradScaler's update: the (scale, good_steps) to use after a step."""
-{body}
-'''
-
-
-def _next_scale(body: str) -> str:
-    return _NEXT_SCALE.format(body=body)
+_ALWAYS = "an overflow always halves the scale and resets the count, whatever the count was"
+_COUNT = "compare the count (after this good step) with growth_interval, not with a fixed number"
+#: (scale, good steps so far, found_inf, growth_interval), the right (scale, count), and the hint
+#: for a wrong scale and for a wrong count
+_SCALE_CASES = [
+    ((65536.0, 1, True, 2), (32768.0, 0),
+     ("a step whose gradients overflowed (found_inf) is skipped and the scale halved",
+      "an overflow also starts the count of good steps again from zero")),
+    ((4096.0, 1, True, 2), (2048.0, 0), (_ALWAYS, _ALWAYS)),
+    ((4096.0, 0, False, 2), (4096.0, 1),
+     ("the scale grows only after growth_interval good steps in a row, not after every good step",
+      "a good step that does not grow the scale adds one to the count of good steps")),
+    ((4096.0, 1, False, 2), (8192.0, 0),
+     ("when the count of good steps reaches growth_interval, the scale doubles",
+      "after the scale doubles, the count of good steps starts again from zero")),
+    ((4096.0, 3, False, 5), (4096.0, 4), (_COUNT, _COUNT)),
+]
 
 
 def _judge_next_scale(answer: Any) -> str | None:
-    if not callable(answer):
-        return f"next_scale must stay a function, got {type(answer).__name__}"
-    got = answer(65536.0, 1, True, 2)
-    if not (isinstance(got, tuple) and len(got) == 2):
-        return "return a pair: (the new scale, the new count of good steps)"
-    if got[0] != 32768.0:
-        return "a step whose gradients overflowed (found_inf) is skipped and the scale halved"
-    if got[1] != 0:
-        return "an overflow also starts the count of good steps again from zero"
-    if answer(4096.0, 1, True, 2) != (2048.0, 0):
-        return "an overflow always halves the scale and resets the count, whatever the count was"
-    first = answer(4096.0, 0, False, 2)
-    if first[0] != 4096.0:
-        return ("the scale grows only after growth_interval good steps in a row, not after every "
-                "good step")
-    if first[1] != 1:
-        return "a good step that does not grow the scale adds one to the count of good steps"
-    grown = answer(4096.0, 1, False, 2)
-    if grown[0] != 8192.0:
-        return "when the count of good steps reaches growth_interval, the scale doubles"
-    if grown[1] != 0:
-        return "after the scale doubles, the count of good steps starts again from zero"
-    if answer(4096.0, 3, False, 5) != (4096.0, 4):
-        return "compare the count (after this good step) with growth_interval, not with a fixed number"
+    for args, right, hints in _SCALE_CASES:
+        got = answer(*args)
+        if not (isinstance(got, tuple) and len(got) == 2):
+            return "return a pair: (the new scale, the new count of good steps)"
+        for value, expected, hint in zip(got, right, hints, strict=True):
+            if value != expected:
+                return hint
     # the same run of steps through torch's own GradScaler: the scales must agree step by step
     weight = nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([weight], lr=0.0)
@@ -141,65 +118,4 @@ def _judge_next_scale(answer: Any) -> str | None:
     return None
 
 
-EXERCISES = [
-    Exercise(
-        key="06.1",
-        kind="predict",
-        title="which small numbers survive in 16 bits",
-        answer="survives",
-        starter="survives = ...  # (does 1e-5 survive in fp16?, does 1e-9 survive in bf16?): True/False\n",
-        solution="survives = (True, True)  # fp16 subnormals reach about 6e-8; bf16 has fp32's range\n",
-        judge=_judge_survives,
-        wrong=(("survives = (False, True)", "fp16 also has subnormal numbers"),
-               ("survives = (True, False)", "bf16 has few mantissa bits but fp32's 8-bit exponent"),
-               ("survives = (False, False)", "fp16 also has subnormal numbers")),
-    ),
-    Exercise(
-        key="06.2",
-        kind="fix",
-        title="a GradScaler step that does not scale",
-        answer="fp16_step",
-        starter=_fp16_step("    loss.backward()\n    scaler.step(optimizer)\n    scaler.update()"),
-        solution=_fp16_step("    scaler.scale(loss).backward()  # gradients scaled into fp16's range\n"
-                            "    scaler.step(optimizer)  # unscales, then steps (or skips on inf)\n"
-                            "    scaler.update()"),
-        judge=_judge_fp16_step,
-        wrong=((_fp16_step("    scaler.scale(loss).backward()\n    optimizer.step()\n    scaler.update()"),
-                "gradients still multiplied by the scale"),
-               (_fp16_step("    scaler.scale(loss).backward()\n    optimizer.step()"),
-                "gradients that are still multiplied by the scale"),
-               (_fp16_step("    scaler.scale(loss).backward()\n    scaler.step(optimizer)"),
-                "the scaler was not told about it"),
-               (_fp16_step("    loss.backward()\n    optimizer.step()"), "underflow")),
-        context="import torch\n",
-    ),
-    Exercise(
-        key="06.3",
-        kind="implement",
-        title="the scaler's dynamic scale",
-        answer="next_scale",
-        starter=_next_scale("    raise NotImplementedError"),
-        solution=_next_scale("""    if found_inf:  # the step was skipped: back off
-        return scale / 2, 0
-    good_steps += 1
-    if good_steps == growth_interval:  # a run of good steps: try a larger scale
-        return scale * 2, 0
-    return scale, good_steps"""),
-        judge=_judge_next_scale,
-        wrong=((_next_scale("""    if found_inf:
-        return scale / 2, good_steps
-    good_steps += 1
-    if good_steps == growth_interval:
-        return scale * 2, 0
-    return scale, good_steps"""), "starts the count of good steps again from zero"),
-               (_next_scale("""    if found_inf:
-        return scale / 2, 0
-    return scale * 2, good_steps + 1"""), "not after every good step"),
-               (_next_scale("""    if found_inf:
-        return scale / 2, 0
-    good_steps += 1
-    if good_steps == growth_interval:
-        return scale * 2, good_steps
-    return scale, good_steps"""), "after the scale doubles")),
-    ),
-]
+EXERCISES = load_bank(__name__)

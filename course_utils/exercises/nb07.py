@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .core import Exercise
+from .core import load_bank
 
 __all__ = ["EXERCISES"]
 
@@ -48,8 +48,6 @@ _CASES = [  # (parameters, gpu bytes, gpus, activation bytes) -> strategy
 
 
 def _judge_choose(answer: Any) -> str | None:
-    if not callable(answer):
-        return f"choose_strategy must stay a function, got {type(answer).__name__}"
     for args, right in _CASES:
         got = answer(*args)
         if got == right:
@@ -70,76 +68,4 @@ def _judge_choose(answer: Any) -> str | None:
     return None
 
 
-_CHOOSE_STARTER = '''def choose_strategy(parameters, gpu_bytes, gpus, activation_bytes):
-    """"ddp", "zero2" or "fsdp": the first, in that order, whose bytes per GPU fit in gpu_bytes
-    under mixed-precision Adam (2-byte parameters and gradients, K = 12 bytes of state per
-    parameter), activations included; "none" if even FSDP does not fit."""
-    raise NotImplementedError
-'''
-
-EXERCISES = [
-    Exercise(
-        key="07.1",
-        kind="predict",
-        title="DDP's advantage on a smaller job",
-        answer="ddp_advantage_on_small",
-        starter='ddp_advantage_on_small = ...  # "grow" or "shrink"\n',
-        solution='ddp_advantage_on_small = "shrink"  # less compute per step, the same fixed costs\n',
-        judge=_judge_small,
-        wrong=(('ddp_advantage_on_small = "grow"', "fixed costs"),
-               ('ddp_advantage_on_small = "same"', "the ratio moves")),
-    ),
-    Exercise(
-        key="07.2",
-        kind="predict",
-        title="FSDP's model state against DDP's",
-        answer="fsdp_fraction",
-        starter="fsdp_fraction = ...  # fsdp_2's model state per process / ddp_2's\n",
-        solution="fsdp_fraction = 0.5  # every tensor split over 2 ranks\n",
-        judge=_judge_fsdp_fraction,
-        wrong=(("fsdp_fraction = 0.75", "is ZeRO-1 (zero1_2)"),
-               ("fsdp_fraction = 0.25", "not in four"),
-               ("fsdp_fraction = 1.0", "FSDP is ZeRO-3")),
-    ),
-    Exercise(
-        key="07.3",
-        kind="implement",
-        title="the decision guide's memory rule",
-        answer="choose_strategy",
-        starter=_CHOOSE_STARTER,
-        solution='''def choose_strategy(parameters, gpu_bytes, gpus, activation_bytes):
-    """See the question."""
-    per_gpu = {
-        "ddp": 16 * parameters,
-        "zero2": 2 * parameters + (2 + 12) * parameters / gpus,
-        "fsdp": 16 * parameters / gpus,
-    }
-    for strategy, state in per_gpu.items():
-        if state + activation_bytes <= gpu_bytes:
-            return strategy
-    return "none"
-''',
-        judge=_judge_choose,
-        wrong=(('''def choose_strategy(parameters, gpu_bytes, gpus, activation_bytes):
-    for strategy, state in (("ddp", 16 * parameters), ("zero2", 2 * parameters + 14 * parameters / gpus),
-                            ("fsdp", 16 * parameters / gpus)):
-        if state <= gpu_bytes:
-            return strategy
-    return "none"
-''', "the activations need room too"),
-               ('''def choose_strategy(parameters, gpu_bytes, gpus, activation_bytes):
-    for strategy, state in (("ddp", 16 * parameters), ("zero2", 4 * parameters + 12 * parameters / gpus),
-                            ("fsdp", 16 * parameters / gpus)):
-        if state + activation_bytes <= gpu_bytes:
-            return strategy
-    return "none"
-''', "that is ZeRO-1's figure"),
-               ('''def choose_strategy(parameters, gpu_bytes, gpus, activation_bytes):
-    for strategy, state in (("fsdp", 16 * parameters / gpus),
-                            ("zero2", 2 * parameters + 14 * parameters / gpus), ("ddp", 16 * parameters)):
-        if state + activation_bytes <= gpu_bytes:
-            return strategy
-    return "none"
-''', "DDP first")),
-    ),
-]
+EXERCISES = load_bank(__name__)

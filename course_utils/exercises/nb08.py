@@ -10,7 +10,7 @@ from unittest import mock
 
 import torch
 
-from .core import Exercise
+from .core import load_bank
 
 __all__ = ["EXERCISES"]
 
@@ -30,8 +30,6 @@ def _step_in(path: Path) -> Any:
 
 
 def _judge_save_atomically(answer: Any) -> str | None:
-    if not callable(answer):
-        return f"save_atomically must stay a function, got {type(answer).__name__}"
     with tempfile.TemporaryDirectory() as folder:
         target = Path(folder) / "snapshot.pt"
         answer({"step": 1}, str(target))
@@ -77,19 +75,7 @@ def _judge_save_atomically(answer: Any) -> str | None:
     return None
 
 
-_SAVE = '''def save_atomically(state, path):
-    """Save `state` to `path`; a save that dies half-way must leave the previous file intact."""
-{body}
-'''
-
-
-def _save(body: str) -> str:
-    return _SAVE.format(body=body)
-
-
 def _judge_strip(answer: Any) -> str | None:
-    if not callable(answer):
-        return f"strip_module must stay a function, got {type(answer).__name__}"
     values = [torch.ones(1), torch.zeros(2), torch.full((3,), 2.0)]
     inner = ["encoder.weight", "encoder.submodule.weight", "decoder.bias"]
     wrapped = {f"module.{k}": v for k, v in zip(inner, values, strict=True)}
@@ -117,16 +103,6 @@ def _judge_strip(answer: Any) -> str | None:
     return None
 
 
-_STRIP = '''def strip_module(state):
-    """A copy of the state dict `state` with the leading 'module.' removed from its keys."""
-{body}
-'''
-
-
-def _strip(body: str) -> str:
-    return _STRIP.format(body=body)
-
-
 def _judge_restart(answer: Any) -> str | None:
     if not (isinstance(answer, tuple) and len(answer) == 2):
         return "write a pair: (the step of the snapshot the job resumes from, steps computed twice)"
@@ -150,64 +126,4 @@ def _judge_restart(answer: Any) -> str | None:
     return None
 
 
-EXERCISES = [
-    Exercise(
-        key="08.1",
-        kind="fix",
-        title="a save that can lose the last good snapshot",
-        answer="save_atomically",
-        starter=_save('''    path = Path(path)
-    with open(path, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())  # the bytes are on disk before we return'''),
-        solution=_save('''    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")  # beside the target: the same file system
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())  # the bytes are on disk before the rename
-    os.replace(tmp, path)  # atomic: the old file or the new one, never half of one'''),
-        judge=_judge_save_atomically,
-        wrong=((_save("    torch.save(state, path)"), "destroyed the last good snapshot"),
-               (_save('''    fd, tmp = tempfile.mkstemp()
-    with os.fdopen(fd, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)'''), "the temporary file is in another folder"),
-               (_save('''    tmp = str(path) + ".tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)'''), "os.fsync")),
-        context="import os\nimport tempfile\nfrom pathlib import Path\n\nimport torch\n",
-    ),
-    Exercise(
-        key="08.2",
-        kind="implement",
-        title="strip the module. prefix",
-        answer="strip_module",
-        starter=_strip("    raise NotImplementedError"),
-        solution=_strip('''    prefix = "module."
-    return {key[len(prefix):] if key.startswith(prefix) else key: value
-            for key, value in state.items()}'''),
-        judge=_judge_strip,
-        wrong=((_strip('    return {k.replace("module.", ""): v for k, v in state.items()}'),
-                "also inside a key"),
-               (_strip('    return {k.lstrip("module."): v for k, v in state.items()}'),
-                "removes any of the characters"),
-               (_strip("    return {k[7:]: v for k, v in state.items()}"),
-                "must come back unchanged")),
-    ),
-    Exercise(
-        key="08.3",
-        kind="predict",
-        title="where a restarted job resumes",
-        answer="restart",
-        starter="restart = ...  # (step of the snapshot it resumes from, steps computed twice)\n",
-        solution="restart = (9, 1)  # snapshots after steps 3, 6, 9; step 10 is done again\n",
-        judge=_judge_restart,
-        wrong=(("restart = (10, 0)", "step 10 is not one of them"),
-               ("restart = (9, 0)", "died with the process"),
-               ("restart = (6, 4)", "overwritten by a later one")),
-    ),
-]
+EXERCISES = load_bank(__name__)

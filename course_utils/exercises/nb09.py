@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .core import Exercise, hint_from_ranks
+from .core import hint_from_ranks, load_bank
 
 __all__ = ["EXERCISES"]
 
@@ -65,8 +65,6 @@ def zero1_step_rank(rank: int, world_size: int, answer: Any) -> str | None:
 
 
 def _judge_zero1_step(answer: Any) -> str | None:
-    if not callable(answer):
-        return f"zero1_step must stay a function, got {type(answer).__name__}"
     return hint_from_ranks(zero1_step_rank, 2, answer, hang_hint="the ranks hung: every rank must call "
                            "the same collectives, in the same order")
 
@@ -96,117 +94,11 @@ def clip_rank(rank: int, world_size: int, answer: Any) -> str | None:
 
 
 def _judge_clip(answer: Any) -> str | None:
-    if not callable(answer):
-        return f"clip_sharded must stay a function, got {type(answer).__name__}"
     return hint_from_ranks(clip_rank, 2, answer,
                            hang_hint="the ranks hung: every rank must take part in the same all-reduce")
 
 
 # What the answer cells use from the notebook's imports cell (run before them, as in the notebook).
-_CONTEXT = "import torch\nimport torch.distributed as dist\n"
 
-_ZERO1_STARTER = '''def zero1_step(flat_param, flat_grad, shard, optimizer):
-    """ZeRO-1's step on one rank. flat_param: the whole model as one 1-D tensor (its length a
-    multiple of N); flat_grad: this rank's own gradient of it; shard: an nn.Parameter, this rank's
-    slice of flat_param, the only parameter `optimizer` updates. Give the shard the gradient
-    averaged over the ranks, step, and put every rank's updated shard back into flat_param."""
-    raise NotImplementedError
-'''
 
-_CLIP_STARTER = '''def clip_sharded(grad_shards, max_norm):
-    """Scale this rank's gradient shards in place so that the norm of the WHOLE gradient (all
-    ranks' shards together) is at most max_norm; return that total norm."""
-    total = torch.sqrt(sum(g.square().sum() for g in grad_shards))
-    scale = min(1.0, max_norm / (total.item() + 1e-6))
-    for g in grad_shards:
-        g.mul_(scale)
-    return total
-'''
-
-EXERCISES = [
-    Exercise(
-        key="09.1",
-        kind="predict",
-        title="bytes per rank under ZeRO-2 with N = 8",
-        answer="zero2_bytes_per_rank",
-        starter="zero2_bytes_per_rank = ...  # model state per rank, in bytes\n",
-        solution="zero2_bytes_per_rank = 2 * 10**9 + (2 + 12) * 10**9 / 8  # 2Ψ + (2 + K)Ψ/N\n",
-        judge=_judge_zero2_bytes,
-        wrong=(("zero2_bytes_per_rank = 16 * 10**9 / 8", "that is ZeRO-3"),
-               ("zero2_bytes_per_rank = 4 * 10**9 + 12 * 10**9 / 8", "that is ZeRO-1"),
-               ("zero2_bytes_per_rank = 16 * 10**9", "that is DDP's figure"),
-               ("zero2_bytes_per_rank = 2 * 10**9 + 10 * 10**9 / 8", "K = 12")),
-    ),
-    Exercise(
-        key="09.2",
-        kind="implement",
-        title="the stage-1 step: reduce-scatter, step, all-gather",
-        answer="zero1_step",
-        starter=_ZERO1_STARTER,
-        solution='''def zero1_step(flat_param, flat_grad, shard, optimizer):
-    """ZeRO-1's step on one rank (see the question)."""
-    world_size = dist.get_world_size()
-    grad = torch.empty_like(shard)
-    dist.reduce_scatter_single(grad, flat_grad)  # this rank's slice, summed over the ranks
-    shard.grad = grad / world_size
-    optimizer.step()
-    dist.all_gather_single(flat_param, shard.detach().clone())
-''',
-        judge=_judge_zero1_step,
-        wrong=(('''def zero1_step(flat_param, flat_grad, shard, optimizer):
-    grad = torch.empty_like(shard)
-    dist.reduce_scatter_single(grad, flat_grad)
-    shard.grad = grad
-    optimizer.step()
-    dist.all_gather_single(flat_param, shard.detach().clone())
-''', "divide by the world size"),
-               ('''def zero1_step(flat_param, flat_grad, shard, optimizer):
-    grad = torch.empty_like(shard)
-    dist.reduce_scatter_single(grad, flat_grad)
-    shard.grad = grad / dist.get_world_size()
-    optimizer.step()
-''', "was not updated"),
-               ('''def zero1_step(flat_param, flat_grad, shard, optimizer):
-    rank, n = dist.get_rank(), dist.get_world_size()
-    grad = torch.empty_like(shard)
-    dist.reduce_scatter_single(grad, flat_grad)
-    shard.grad = grad / n
-    optimizer.step()
-    size = shard.numel()
-    flat_param[rank * size:(rank + 1) * size] = shard.detach()
-''', "the other ranks' slices of flat_param are stale")),
-        context=_CONTEXT,
-    ),
-    Exercise(
-        key="09.3",
-        kind="fix",
-        title="gradient clipping across shards",
-        answer="clip_sharded",
-        starter=_CLIP_STARTER,
-        solution='''def clip_sharded(grad_shards, max_norm):
-    """Scale this rank's gradient shards in place so that the norm of the WHOLE gradient (all
-    ranks' shards together) is at most max_norm; return that total norm."""
-    squares = sum(g.square().sum() for g in grad_shards)
-    dist.all_reduce(squares)  # the sum of squares over every rank's shards
-    total = torch.sqrt(squares)
-    scale = min(1.0, max_norm / (total.item() + 1e-6))
-    for g in grad_shards:
-        g.mul_(scale)
-    return total
-''',
-        judge=_judge_clip,
-        wrong=((_CLIP_STARTER.replace("    total = torch.sqrt(sum(g.square().sum() for g in grad_shards))\n",
-                                      "    total = torch.sqrt(sum(g.square().sum() for g in grad_shards))\n"
-                                      "    total = total + 0.0  # the same local norm\n"),
-                "this rank's shards only"),
-               ('''def clip_sharded(grad_shards, max_norm):
-    total = torch.sqrt(sum(g.square().sum() for g in grad_shards))
-    dist.all_reduce(total)  # adds the ranks' norms
-    scale = min(1.0, max_norm / (total.item() + 1e-6))
-    for g in grad_shards:
-        g.mul_(scale)
-    return total
-''', "norms do not add up")),
-        context=_CONTEXT,
-    ),
-]
+EXERCISES = load_bank(__name__)

@@ -5,25 +5,34 @@ from __future__ import annotations
 
 from typing import Any
 
-from .core import Exercise
-from .nb10_training import ACCUMULATION, CLEAN_KEYS, JOIN, NO_GRAD, run_ranks
+from .core import load_bank, run_on_ranks
 
 __all__ = ["EXERCISES"]
+
+HANG_S = 4.0  # a rank function that has not finished by then is stuck
+
+
+def run_ranks(fn: Any, world_size: int, *args: Any) -> tuple[list | None, str | None]:
+    """:func:`run_on_ranks` with notebook 10's hang limit and hang hint."""
+    return run_on_ranks(fn, world_size, *args, timeout_s=HANG_S, hang_hint=(
+        "the ranks hung: one rank waited in a collective that another rank never called, or "
+        "called in a different order"))
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    return max((a[k] - b[k]).abs().max().item() for k in b)
+
 
 # ----------------------------------------------------------------------------- 10.1 set_epoch
 
 def _judge_set_epoch(epoch_orders: Any) -> str | None:
     from torch.utils.data.distributed import DistributedSampler
 
-    def fresh() -> DistributedSampler:
-        return DistributedSampler(range(12), num_replicas=2, rank=0, shuffle=True, seed=0)
+    from course_utils.debugging import sampler_orders
 
-    expected = []
-    reference = fresh()
-    for epoch in range(3):
-        reference.set_epoch(epoch)
-        expected.append(list(reference))
-    got = [list(order) for order in epoch_orders(fresh(), 3)]
+    expected = sampler_orders(0, 2, 12, 3, set_epoch=True)  # the zoo's fixed loop, shown above
+    sampler = DistributedSampler(range(12), num_replicas=2, rank=0, shuffle=True, seed=0)
+    got = [list(order) for order in epoch_orders(sampler, 3)]
     if got == expected:
         return None
     if len(got) == 3 and got[0] == got[1] == got[2]:
@@ -32,42 +41,6 @@ def _judge_set_epoch(epoch_orders: Any) -> str | None:
     if len(got) == 3 and got[0] == got[1]:
         return "epochs 0 and 1 read the same order: tell the sampler the epoch before reading it"
     return f"the orders differ from the sampler's own shuffles: {got}"
-
-
-SET_EPOCH = Exercise(
-    key="10.1", kind="fix", title="a new shuffle every epoch", answer="epoch_orders",
-    starter='''\
-def epoch_orders(sampler, epochs):
-    orders = {}
-    for epoch in range(epochs):
-        orders[epoch] = list(sampler)  # the indices this rank reads in this epoch
-    return list(orders.values())
-''',
-    solution='''\
-def epoch_orders(sampler, epochs):
-    orders = {}
-    for epoch in range(epochs):
-        sampler.set_epoch(epoch)  # before the epoch is read
-        orders[epoch] = list(sampler)
-    return list(orders.values())
-''',
-    judge=_judge_set_epoch,
-    wrong=(('''\
-def epoch_orders(sampler, epochs):
-    orders = {}
-    for epoch in range(epochs):
-        sampler.set_epoch(0)
-        orders[epoch] = list(sampler)
-    return list(orders.values())
-''', "every epoch reads the same order"), ('''\
-def epoch_orders(sampler, epochs):
-    orders = {}
-    for epoch in range(epochs):
-        orders[epoch] = list(sampler)
-        sampler.set_epoch(epoch)
-    return list(orders.values())
-''', "before reading it")),
-)
 
 
 # ----------------------------------------------------------------------------- 10.2 evaluation
@@ -79,39 +52,6 @@ def _judge_evaluation(evaluate_and_report: Any) -> str | None:
     if results[0] is None or abs(results[0] - 0.6) > 1e-6:
         return f"rank 0 should return the accuracy over the whole set (it returned {results[0]!r})"
     return None
-
-
-EVALUATION = Exercise(
-    key="10.2", kind="fix", title="evaluate on every rank, report on rank 0", answer="evaluate_and_report",
-    context="from course_utils.debugging import evaluate_everywhere\n",
-    starter='''\
-def evaluate_and_report(rank, world_size):
-    accuracy = None
-    if rank == 0:  # "only rank 0 needs the number"
-        accuracy = evaluate_everywhere(rank, world_size)
-    return accuracy
-''',
-    solution='''\
-def evaluate_and_report(rank, world_size):
-    accuracy = evaluate_everywhere(rank, world_size)  # a collective: every rank takes part
-    return accuracy if rank == 0 else None  # only reporting is rank 0's
-''',
-    judge=_judge_evaluation,
-    wrong=(('''\
-import torch.distributed as dist
-
-def evaluate_and_report(rank, world_size):
-    dist.barrier()  # wait for everyone first
-    accuracy = None
-    if rank == 0:
-        accuracy = evaluate_everywhere(rank, world_size)
-    return accuracy
-''', "every rank must run it"), ('''\
-def evaluate_and_report(rank, world_size):
-    accuracy = evaluate_everywhere(rank, world_size)
-    return accuracy if rank == 1 else None
-''', "rank 0 should return the accuracy")),
-)
 
 
 # ----------------------------------------------------------------------------- 10.3 exact shards
@@ -134,32 +74,6 @@ def _judge_shards(shard: Any) -> str | None:
     return None
 
 
-SHARDS = Exercise(
-    key="10.3", kind="implement", title="shards without padding", answer="shard",
-    starter='''\
-def shard(n, rank, world_size):
-    """The indices of the n validation rows that this rank evaluates: each row on exactly one rank."""
-    raise NotImplementedError
-''',
-    solution='''\
-def shard(n, rank, world_size):
-    """The indices of the n validation rows that this rank evaluates: each row on exactly one rank."""
-    return list(range(rank, n, world_size))  # round robin, no padding: shards differ by one at most
-''',
-    judge=_judge_shards,
-    wrong=(('''\
-from torch.utils.data.distributed import DistributedSampler
-
-def shard(n, rank, world_size):
-    return list(DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=False))
-''', "evaluated by more than one rank"), ('''\
-def shard(n, rank, world_size):
-    per_rank = n // world_size
-    return list(range(rank * per_rank, (rank + 1) * per_rank))
-''', "never evaluated")),
-)
-
-
 # ----------------------------------------------------------------------------- 10.4 order
 
 def _judge_order(sync_step: Any) -> str | None:
@@ -174,75 +88,63 @@ def _judge_order(sync_step: Any) -> str | None:
     return None
 
 
-ORDER = Exercise(
-    key="10.4", kind="fix", title="same collectives, same order", answer="sync_step",
-    starter='''\
-from torch import full, ones
-from torch.distributed import all_reduce, broadcast
+# ----------------------------------------------------------------------------- 10.5 Join
 
-from course_utils.devices import rank_device
+def _judge_join(train_my_shard: Any) -> str | None:
+    from course_utils.debug_training import uneven_reference
 
-
-def sync_step(rank, world_size):
-    grads = ones(4, device=rank_device())
-    flag = full((1,), float(rank), device=rank_device())
-    if rank == 0:
-        all_reduce(grads)
-        broadcast(flag, 0)
-    else:
-        broadcast(flag, 0)
-        all_reduce(grads)
-    return grads.tolist(), flag.item()
-''',
-    solution='''\
-from torch import full, ones
-from torch.distributed import all_reduce, broadcast
-
-from course_utils.devices import rank_device
+    results, hint = run_ranks(train_my_shard, 2)
+    if hint:
+        return (hint + ". Rank 0 has a third batch; its all-reduce waits for a rank that has "
+                "finished: let the finished rank join (or agree on an equal number of batches)")
+    if _max_diff(results[0], results[1]) > 0:
+        return "the ranks ended with different weights: all of them must train under DDP"
+    for mode in ("join", "equal"):
+        if _max_diff(results[0], uneven_reference([3, 2], mode)) < 1e-6:
+            return None
+    return ("the ranks finished, but not with the weights that training on their batches gives: "
+            "keep every batch (Join) or drop only the batches that not every rank has")
 
 
-def sync_step(rank, world_size):
-    grads = ones(4, device=rank_device())
-    flag = full((1,), float(rank), device=rank_device())
-    all_reduce(grads)  # every rank: first the all-reduce,
-    broadcast(flag, 0)  # then the broadcast
-    return grads.tolist(), flag.item()
-''',
-    judge=_judge_order,
-    wrong=(('''\
-from torch import full, ones
-from torch.distributed import all_reduce, barrier, broadcast
+# ----------------------------------------------------------------------------- 10.6 accumulation
 
-from course_utils.devices import rank_device
+def _judge_accumulation(accumulation_step: Any) -> str | None:
+    from course_utils.debug_training import accumulation_reference, train_accumulating
 
-
-def sync_step(rank, world_size):
-    grads = ones(4, device=rank_device())
-    flag = full((1,), float(rank), device=rank_device())
-    if rank == 0:
-        all_reduce(grads)
-        barrier()
-        broadcast(flag, 0)
-    else:
-        broadcast(flag, 0)
-        barrier()
-        all_reduce(grads)
-    return grads.tolist(), flag.item()
-''', "the same order"), ('''\
-from torch import full, ones
-from torch.distributed import all_reduce, broadcast
-
-from course_utils.devices import rank_device
+    k, micro, steps = 4, 3, 2
+    results, hint = run_ranks(train_accumulating, 2, accumulation_step, k, micro, steps)
+    if hint:
+        return hint
+    if _max_diff(results[0], results[1]) > 1e-7:
+        return ("the ranks ended with different weights: their gradients were not all-reduced "
+                "after the last micro-batch (only the backward that syncs is averaged)")
+    if _max_diff(results[0], accumulation_reference(2, k, micro, steps)) > 1e-5:
+        return ("the ranks agree, but moved further than one big batch would: each micro-batch's "
+                "loss is a mean over its rows, so the k accumulated gradients add up to k times "
+                "the mean")
+    return None
 
 
-def sync_step(rank, world_size):
-    grads = ones(4, device=rank_device())
-    flag = full((1,), float(rank), device=rank_device())
-    broadcast(grads, 0)
-    broadcast(flag, 0)
-    return grads.tolist(), flag.item()
-''', "summed over the ranks")),
-)
+# ----------------------------------------------------------------------------- 10.7 no gradient
+
+def _judge_no_grad(params_without_grad: Any) -> str | None:
+    import torch
+
+    from course_utils.ddp_demos import TwoHeads
+
+    torch.manual_seed(0)
+    model = TwoHeads()
+    loss = model(torch.randn(2, 4)).square().mean()
+    got = sorted(params_without_grad(model, loss))
+    expected = ["unused_head.bias", "unused_head.weight"]
+    if got == expected:
+        return None
+    everything = sorted(name for name, _ in model.named_parameters())
+    if got == everything:
+        return "every parameter is listed: no gradient exists until backward has run"
+    if got == sorted(set(everything) - set(expected)):
+        return "those are the parameters that did get a gradient; list the others"
+    return f"expected the names of the parameters whose .grad is still None after backward, got {got}"
 
 
 # ----------------------------------------------------------------------------- 10.8 seeds
@@ -262,14 +164,21 @@ def _judge_still_differ(still_differ: Any) -> str | None:
     return None
 
 
-SEEDS = Exercise(
-    key="10.8", kind="predict", title="what DDP's first broadcast fixes", answer="still_differ",
-    starter="still_differ = ...  # a set, from {\"weights\", \"dropout mask\", \"data order\"}\n",
-    solution="still_differ = {\"dropout mask\", \"data order\"}\n",
-    judge=_judge_still_differ,
-    wrong=(("still_differ = {\"weights\", \"dropout mask\", \"data order\"}\n", "broadcasts rank 0's"),
-           ("still_differ = set()\n", "not random generators")),
-)
+# ----------------------------------------------------------------------------- 10.9 prefixes
+
+def _judge_clean_keys(clean_state_dict: Any) -> str | None:
+    saved = {"module._orig_mod.body.weight": 1, "_orig_mod.submodule.weight": 2,
+             "module.submodule.bias": 3, "head.weight": 4}
+    expected = {"body.weight": 1, "submodule.weight": 2, "submodule.bias": 3, "head.weight": 4}
+    got = clean_state_dict(dict(saved))
+    if got == expected:
+        return None
+    keys = list(got) if isinstance(got, dict) else []
+    if any("_orig_mod." in key for key in keys):
+        return "torch.compile's wrapper adds '_orig_mod.' as well, alone or after DDP's 'module.'"
+    if any(key.startswith("sub") and not key.startswith("submodule.") for key in keys):
+        return "a layer named 'submodule' lost part of its name: remove a prefix only at the start of a key"
+    return f"expected the keys {sorted(expected)}, got {sorted(keys)}"
 
 
 # ----------------------------------------------------------------------------- 10.10 ports
@@ -293,52 +202,6 @@ def _judge_store(start_store: Any) -> str | None:
     return None
 
 
-STORE = Exercise(
-    key="10.10", kind="fix", title="a port that is always free", answer="start_store",
-    starter='''\
-from datetime import timedelta
-
-from torch.distributed import TCPStore
-
-
-def start_store():
-    return TCPStore("127.0.0.1", 29500, None, True, timedelta(seconds=5),
-                         wait_for_workers=False)
-''',
-    solution='''\
-from datetime import timedelta
-
-from torch.distributed import TCPStore
-
-
-def start_store():
-    return TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5),  # 0: any free port
-                         wait_for_workers=False)
-''',
-    judge=_judge_store,
-    wrong=(('''\
-from datetime import timedelta
-
-from torch.distributed import TCPStore
-
-
-def start_store():
-    return TCPStore("127.0.0.1", 29501, None, True, timedelta(seconds=5),
-                         wait_for_workers=False)
-''', "port 0"), ('''\
-import os
-from datetime import timedelta
-
-from torch.distributed import TCPStore
-
-
-def start_store():
-    return TCPStore("127.0.0.1", 29500 + os.getpid() % 1000, None, True,
-                         timedelta(seconds=5), wait_for_workers=False)
-''', "port 0")),
-)
-
-
 # ----------------------------------------------------------------------------- 10.11 CUDA and fork
 
 def _judge_start_methods(safe_after_cuda: Any) -> str | None:
@@ -356,16 +219,6 @@ def _judge_start_methods(safe_after_cuda: Any) -> str | None:
     return None
 
 
-START_METHODS = Exercise(
-    key="10.11", kind="predict", title="which start methods survive CUDA", answer="safe_after_cuda",
-    starter="safe_after_cuda = ...  # a set, from {\"fork\", \"spawn\", \"forkserver\"}\n",
-    solution="safe_after_cuda = {\"spawn\", \"forkserver\"}\n",
-    judge=_judge_start_methods,
-    wrong=(("safe_after_cuda = {\"fork\", \"spawn\", \"forkserver\"}\n", "forked child is a copy"),
-           ("safe_after_cuda = {\"spawn\"}\n", "clean one started early")),
-)
-
-
 # ----------------------------------------------------------------------------- 10.12 compression
 
 def _judge_ratio(fp16_bytes_ratio: Any) -> str | None:
@@ -378,14 +231,4 @@ def _judge_ratio(fp16_bytes_ratio: Any) -> str | None:
     return "count the bytes of one gradient value: float32 has 4, float16 has 2"
 
 
-RATIO = Exercise(
-    key="10.12", kind="predict", title="bytes saved by fp16 compression", answer="fp16_bytes_ratio",
-    starter="fp16_bytes_ratio = ...  # bytes per step with fp16_compress_hook / bytes without\n",
-    solution="fp16_bytes_ratio = 0.5\n",
-    judge=_judge_ratio,
-    wrong=(("fp16_bytes_ratio = 1.0\n", "fewer bytes travel"),
-           ("fp16_bytes_ratio = 0.25\n", "float16 has 2")),
-)
-
-EXERCISES = [SET_EPOCH, EVALUATION, SHARDS, ORDER, JOIN, ACCUMULATION, NO_GRAD, SEEDS, CLEAN_KEYS, STORE,
-             START_METHODS, RATIO]
+EXERCISES = load_bank(__name__)
