@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from .ddp_demos import TwoHeads
 from .devices import rank_device
 
 __all__ = [
-    "TwoHeads",
     "accumulate_step",
     "accumulate_step_off_by_one",
     "accumulation_data",
@@ -196,22 +196,9 @@ def uneven_reference(batches_per_rank: list[int], mode: str) -> dict[str, torch.
 
 # ----------------------------------------------------------------------------- unused parameters
 
-class TwoHeads(nn.Module):
-    """A body and two heads; ``forward`` uses only ``head_a``, so ``head_b`` never gets a gradient."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Linear(4, 8)
-        self.head_a = nn.Linear(8, 1)
-        self.head_b = nn.Linear(8, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head_a(torch.tanh(self.body(x)))
-
-
 def train_unused(rank: int, world_size: int, mode: str, steps: int = 3) -> list[float]:
-    """Train :class:`TwoHeads` under DDP. ``mode``: ``"plain"`` (fails at the second step),
-    ``"debug"`` (the same under debug level INFO: the error names the parameters),
+    """Train notebook 05's ``ddp_demos.TwoHeads`` under DDP. ``mode``: ``"plain"`` (fails at the
+    second step), ``"debug"`` (the same under debug level INFO: the error names the parameters),
     ``"find_unused"`` or ``"static_graph"`` (both train)."""
     if mode not in ("plain", "debug", "find_unused", "static_graph"):
         raise ValueError(f"mode must be 'plain', 'debug', 'find_unused' or 'static_graph', got {mode!r}")

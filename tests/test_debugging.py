@@ -130,7 +130,8 @@ def test_padding_inflates_accuracy_and_the_all_gather_removes_it():
 def test_unused_parameters_fail_named_under_debug_and_train_with_either_fix():
     with pytest.raises(RankError, match="Expected to have finished reduction"):
         launch(debug_training.train_unused, 2, "plain", echo=False)
-    with pytest.raises(RankError, match=r"did not receive grad for rank \d: head_b.bias, head_b.weight"):
+    with pytest.raises(RankError,
+                       match=r"did not receive grad for rank \d: unused_head.bias, unused_head.weight"):
         launch(debug_training.train_unused, 2, "debug", echo=False)
     found = launch(debug_training.train_unused, 2, "find_unused", echo=False)
     static = launch(debug_training.train_unused, 2, "static_graph", echo=False)
