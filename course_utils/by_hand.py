@@ -186,8 +186,7 @@ def _replicate_structure(
             replica = m._replicate_for_data_parallel()
             replica._former_parameters = OrderedDict()
             copies[j].append(replica)
-    param_copies: dict[int, list[torch.Tensor]] = {}
-    buffer_copies: dict[int, list[torch.Tensor]] = {}
+    copied: dict[int, list[torch.Tensor]] = {}  # each tensor copied once, shared where it recurs
     for i, m in enumerate(modules):
         for key, child in m._modules.items():
             for j in range(num_replicas):
@@ -195,23 +194,18 @@ def _replicate_structure(
                     copies[j][i]._modules[key] = None
                 else:
                     setattr(copies[j][i], key, copies[j][index[child]])
-        for key, param in m._parameters.items():
-            for j in range(num_replicas):
-                if param is None:
-                    copies[j][i]._parameters[key] = None
-                    continue
-                if id(param) not in param_copies:
-                    param_copies[id(param)] = [copy_param(k, param) for k in range(num_replicas)]
-                setattr(copies[j][i], key, param_copies[id(param)][j])
-                copies[j][i]._former_parameters[key] = param_copies[id(param)][j]
-        for key, buf in m._buffers.items():
-            for j in range(num_replicas):
-                if buf is None:
-                    copies[j][i]._buffers[key] = None
-                    continue
-                if id(buf) not in buffer_copies:
-                    buffer_copies[id(buf)] = [copy_buffer(k, buf) for k in range(num_replicas)]
-                setattr(copies[j][i], key, buffer_copies[id(buf)][j])
+        for table, copy in (("_parameters", copy_param), ("_buffers", copy_buffer)):
+            for key, tensor in getattr(m, table).items():
+                for j in range(num_replicas):
+                    replica = copies[j][i]
+                    if tensor is None:
+                        getattr(replica, table)[key] = None
+                        continue
+                    if id(tensor) not in copied:
+                        copied[id(tensor)] = [copy(k, tensor) for k in range(num_replicas)]
+                    setattr(replica, key, copied[id(tensor)][j])
+                    if table == "_parameters":  # what DataParallel's replicas list as parameters
+                        replica._former_parameters[key] = copied[id(tensor)][j]
     return [copies[j][0] for j in range(num_replicas)]
 
 

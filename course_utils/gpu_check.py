@@ -54,33 +54,40 @@ def _existing(path: object, what: str) -> Path:
 
 
 @dataclass(frozen=True)
-class TestResult:
-    """One test as pytest's JUnit XML reports it; ``outcome`` is one of ``OUTCOMES``."""
+class _Named:
+    """A record of the report, named after a test or a notebook."""
 
-    __test__ = False  # a record, not a test class for pytest to collect
     name: str
-    outcome: str
-    message: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise TypeError(f"name must be a non-empty str, got {self.name!r}")
+
+
+@dataclass(frozen=True)
+class TestResult(_Named):
+    """One test as pytest's JUnit XML reports it; ``outcome`` is one of ``OUTCOMES``."""
+
+    __test__ = False  # a record, not a test class for pytest to collect
+    outcome: str
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {self.outcome!r}")
 
 
 @dataclass(frozen=True)
-class NotebookResult:
+class NotebookResult(_Named):
     """One notebook's run: ``error`` is ``"ExceptionName: first line"``, empty when it passed."""
 
-    name: str
     passed: bool
     seconds: float
     error: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise TypeError(f"name must be a non-empty str, got {self.name!r}")
+        super().__post_init__()
         if not isinstance(self.passed, bool):
             raise TypeError(f"passed must be a bool, got {self.passed!r}")
         check_number("seconds", self.seconds, at_least=0)
@@ -216,7 +223,7 @@ def run_notebook(path: str | os.PathLike, timeout_s: float = 900.0) -> NotebookR
         asyncio.run(execute())
     except CellExecutionError as err:
         error = f"{err.ename}: {_first_line(err.evalue)}"
-    except (TimeoutError, asyncio.TimeoutError):
+    except TimeoutError:
         error = f"Timeout: did not finish within {timeout_s:g} s"
     except Exception as err:  # a dead kernel, a kernel that cannot start: the notebook failed
         error = f"{type(err).__name__}: {_first_line(str(err))}"
