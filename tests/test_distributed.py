@@ -43,6 +43,20 @@ def test_all_reduce_reaches_every_rank():
     assert launch(ddp_demos.all_reduce_sum, 4, echo=False) == [[10.0]] * 4
 
 
+def _frozen_and_collectable(rank, world_size):
+    import gc
+
+    return gc.get_freeze_count(), gc.collect() >= 0
+
+
+@STARTS
+def test_a_rank_freezes_its_imports_so_the_collect_before_destroy_is_cheap(start):
+    """What a rank imported before fn runs is frozen (gc.freeze): the gc.collect() before
+    destroy_process_group then looks only at what fn made, not at torch's many objects."""
+    for frozen, collected in launch(_frozen_and_collectable, 2, start=start, echo=False):
+        assert frozen > 10_000 and collected  # torch alone accounts for far more than 10k objects
+
+
 @STARTS
 def test_a_raising_rank_raises_here_with_its_traceback(start):
     began = time.monotonic()
