@@ -1,4 +1,4 @@
-"""Exercises of notebook 01 (one device), with their reference solutions."""
+"""Judges of the exercises of notebook 01 (one device); their content is in nb01.toml."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Exercises of notebook 02 (``nn.DataParallel``: how a batch is split), with their reference solutions."""
+"""Judges of the exercises of notebook 02 (``nn.DataParallel``: how a batch is split);
+their content is in nb02.toml."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exercises of notebook 03 (DataParallel by hand), with their reference solutions."""
+"""Judges of the exercises of notebook 03 (DataParallel by hand); their content is in nb03.toml."""
 
 from __future__ import annotations
 

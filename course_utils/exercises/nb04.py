@@ -1,4 +1,5 @@
-"""Exercises of notebook 04 (output_device and the GPU-0 memory imbalance), with their reference solutions."""
+"""Judges of the exercises of notebook 04 (output_device and the GPU-0 memory imbalance);
+their content is in nb04.toml."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exercises of notebook 05 (DistributedDataParallel), with their reference solutions."""
+"""Judges of the exercises of notebook 05 (DistributedDataParallel); their content is in nb05.toml."""
 
 from __future__ import annotations
 

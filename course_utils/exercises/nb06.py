@@ -1,4 +1,4 @@
-"""Exercises of notebook 06 (mixed precision), with their reference solutions."""
+"""Judges of the exercises of notebook 06 (mixed precision); their content is in nb06.toml."""
 
 from __future__ import annotations
 

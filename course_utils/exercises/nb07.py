@@ -1,4 +1,4 @@
-"""Exercises of notebook 07 (choosing a strategy), with their reference solutions."""
+"""Judges of the exercises of notebook 07 (choosing a strategy); their content is in nb07.toml."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Exercises of notebook 08 (fault tolerance and several nodes), with their reference solutions."""
+"""Judges of the exercises of notebook 08 (fault tolerance and several nodes);
+their content is in nb08.toml."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exercises of notebook 09 (sharded data parallelism), with their reference solutions."""
+"""Judges of the exercises of notebook 09 (sharded data parallelism); their content is in nb09.toml."""
 
 from __future__ import annotations
 

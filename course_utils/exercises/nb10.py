@@ -1,5 +1,6 @@
-"""Exercises of notebook 10: the fix of every failure in the zoo, each checked (ranks run under
-``launch`` with a short timeout, so a wrong answer that hangs comes back as a hint)."""
+"""Exercises of notebook 10: the judges of the fix of every failure in the zoo (the content is in
+nb10.toml). Ranks run under ``launch`` with a short timeout, so a wrong answer that hangs comes
+back as a hint."""
 
 from __future__ import annotations
 
