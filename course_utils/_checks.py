@@ -5,24 +5,31 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["check_int", "check_number", "check_positive_int", "check_seconds"]
+__all__ = ["check_int", "check_number", "check_positive_int", "check_seconds", "type_name"]
 
 
 def _describe(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
+def type_name(obj: Any) -> str:
+    """The type of ``obj`` as an error message names it: ``generator``, ``threading.Lock``."""
+    kind = type(obj)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
 def check_int(name: str, value: Any) -> int:
     """Return ``value`` if it is a plain int (``bool`` is refused), else raise ``TypeError``."""
     if isinstance(value, bool) or not isinstance(value, int):
         # numpy and torch integer scalars are accepted if they convert exactly
+        message = f"{name} must be an int, got {_describe(value)}"
         index = getattr(value, "__index__", None)
+        if index is None or isinstance(value, bool):
+            raise TypeError(message)
         try:
-            if index is None or isinstance(value, bool):
-                raise TypeError
             value = index()
         except (TypeError, ValueError, RuntimeError):
-            raise TypeError(f"{name} must be an int, got {_describe(value)}") from None
+            raise TypeError(message) from None
     return int(value)
 
 
@@ -52,7 +59,7 @@ def check_number(name: str, value: Any, *, above: float | None = None, at_least:
 
 def check_seconds(name: str, value: Any) -> float:
     """A time limit: a number of seconds > 0 (not NaN, not infinite)."""
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or value <= 0):
-        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
-    return float(value)
+    try:
+        return check_number(name, value, above=0)
+    except (TypeError, ValueError):  # one wording for every bad time limit
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}") from None

@@ -27,6 +27,7 @@ import traceback
 from pathlib import Path
 from typing import IO, Any
 
+from course_utils._checks import type_name
 from course_utils.processes import RankResult
 
 #: the file faulthandler writes this rank's stack to on SIGUSR1; open until the process ends
@@ -40,10 +41,7 @@ def _write(path: Path, record: RankResult) -> None:
     try:
         data = cloudpickle.dumps(record)
     except Exception as err:  # the return value cannot be sent back
-        kind = type(record.value)
-        name = kind.__qualname__
-        if kind.__module__ != "builtins":
-            name = f"{kind.__module__}.{name}"
+        name = type_name(record.value)
         data = pickle.dumps(RankResult(
             ok=False, finished_at=time.time(), exc_type="TypeError",
             message=f"the return value of rank {os.environ.get('RANK')} (a {name}) cannot be sent "

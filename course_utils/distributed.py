@@ -163,7 +163,7 @@ def launch(
     _check_callable(fn)
     world_size = check_positive_int("world_size", world_size)
     threads_per_rank = check_positive_int("threads_per_rank", threads_per_rank)
-    check_seconds("timeout_s", timeout_s)
+    timeout_s = check_seconds("timeout_s", timeout_s)
     if not (init is False or (isinstance(init, str) and init in ("store", "env", "tcp"))):
         raise ValueError(f"init must be 'store', 'env', 'tcp' or False (fn creates its own "
                          f"process group), got {init!r}")
@@ -190,7 +190,7 @@ def launch(
         # plain pickle around the cloudpickled call: a rank reads the settings and sys.path first
         payload = {"call": call, "sys_path": list(sys.path), "world_size": world_size,
                    "backend": backend, "init": init, "port": port,
-                   "timeout_s": float(timeout_s) + GROUP_GRACE_S, "threads": threads_per_rank}
+                   "timeout_s": timeout_s + GROUP_GRACE_S, "threads": threads_per_rank}
         (workdir / "payload.pkl").write_bytes(pickle.dumps(payload))
         env_base = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads_per_rank),
                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
@@ -213,7 +213,7 @@ def launch(
                         start_new_session=True,
                     )
             ranks.append(RankHandle(rank, process, log, result))
-        return _wait(ranks, float(timeout_s), echo, stacks)
+        return _wait(ranks, timeout_s, echo, stacks)
     finally:
         stop(ranks)
         for r in ranks:

@@ -41,10 +41,6 @@ def _first_line(text: str) -> str:
     return next((line.strip() for line in str(text).splitlines() if line.strip()), "")
 
 
-def _check_timeout(value: object) -> None:
-    check_seconds("timeout_s", value)
-
-
 def _existing(path: object, what: str) -> Path:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or a path, got {type(path).__name__}")
@@ -183,7 +179,7 @@ def run_gpu_tests(root: str | os.PathLike = ROOT, timeout_s: float = 1800.0) -> 
     """``pytest -m gpu tests`` in ``root``; pytest's own output goes to stderr."""
     if not (Path(root) / "tests").is_dir():
         raise FileNotFoundError(f"no tests/ folder in {root}")
-    _check_timeout(timeout_s)
+    check_seconds("timeout_s", timeout_s)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         xml = Path(tmp) / "junit.xml"
         command = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-q", "-p", "no:cacheprovider",
@@ -204,7 +200,7 @@ def run_notebook(path: str | os.PathLike, timeout_s: float = 900.0) -> NotebookR
     from nbclient.exceptions import CellExecutionError
 
     path = _existing(path, "notebook")
-    _check_timeout(timeout_s)
+    check_seconds("timeout_s", timeout_s)
     print(f"gpu-check: executing {path.name}", file=sys.stderr, flush=True)
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=int(timeout_s) + 1, kernel_name="python3", record_timing=False,

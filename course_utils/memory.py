@@ -99,8 +99,7 @@ class ModelSpec:
         if not isinstance(self.name, str):
             raise TypeError(f"name must be a str, got {type(self.name).__name__}")
         for field_name in ("parameters", "inputs", "outputs", "targets", "loss_saved_floats"):
-            if check_int(field_name, value := getattr(self, field_name)) < 0:
-                raise ValueError(f"{field_name} must be an int >= 0, got {value}")
+            check_positive_int(field_name, getattr(self, field_name), minimum=0)
         for field_name in ("input_itemsize", "target_itemsize"):
             check_positive_int(field_name, getattr(self, field_name))
         for field_name in ("activation_floats", "activation_other_bytes"):

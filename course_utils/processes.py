@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 __all__ = ["RankHandle", "RankResult", "format_stack", "kill_tree", "signal_session", "stacks_of", "stop"]
 
 #: c10d log lines start like "[W1122 14:02:53.123456789 ProcessGroupGloo.cpp:...]": they carry
@@ -31,8 +29,8 @@ STOP_GRACE_S = 3.0
 REAP_S = 5.0
 #: how long stuck ranks get to write their stacks after SIGUSR1
 STACKS_WAIT_S = 2.0
-#: how often the waits poll
-POLL_S = 0.05
+#: how often stacks_of looks for the stacks it asked for
+STACKS_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -106,6 +104,8 @@ def kill_tree(process: Any) -> None:
     torchrun starts each worker in a new session, so killing the agent's session alone would
     leave its workers running (and holding the output pipe open).
     """
+    import psutil  # here, not at the top: a rank imports this module for RankResult
+
     try:
         descendants = psutil.Process(process.pid).children(recursive=True)
     except psutil.Error:
@@ -152,7 +152,7 @@ def stacks_of(stuck: list[RankHandle], wait_s: float = STACKS_WAIT_S) -> dict[in
     deadline = time.monotonic() + wait_s
     sizes: dict[int, int] = {}
     while asked and time.monotonic() < deadline:
-        time.sleep(POLL_S)
+        time.sleep(STACKS_POLL_S)
         now = {r.rank: r.stack.stat().st_size if r.stack.exists() else 0 for r in asked}
         if all(now.values()) and now == sizes:  # every dump written, and none still growing
             break

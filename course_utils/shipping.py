@@ -20,6 +20,8 @@ from typing import Any
 
 import cloudpickle
 
+from ._checks import type_name
+
 __all__ = ["serialise_call"]
 
 
@@ -90,11 +92,6 @@ def _parts(obj: Any) -> list[tuple[str, Any]]:
     return parts
 
 
-def _type_name(obj: Any) -> str:
-    kind = type(obj)
-    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-
-
 def _culprit(obj: Any, err: Exception, depth: int = 0) -> tuple[list[str], Any, Exception]:
     """Follow what ``obj`` carries down to the innermost piece that cannot be pickled."""
     if depth < 5:
@@ -120,7 +117,7 @@ def serialise_call(fn: Callable, args: tuple) -> bytes:
             "GPU tensors inside fn, and pass plain data (paths, numbers, CPU tensors) instead.")
     fn_err = _pickle_error(fn)
     if fn_err is not None:
-        what = f"fn {getattr(fn, '__qualname__', None) or _type_name(fn)!r}"
+        what = f"fn {getattr(fn, '__qualname__', None) or type_name(fn)!r}"
         path, found, found_err = _culprit(fn, fn_err)
         where = ("its " + ", whose ".join(path)) if path else what
     else:
@@ -133,5 +130,5 @@ def serialise_call(fn: Callable, args: tuple) -> bytes:
                 break
         else:  # each piece travels, the whole does not (pickle's own limits): say what it said
             found, found_err, where = (fn, args), first_err, "the call"
-    raise TypeError(f"cannot send {what} to the ranks: {where} is a {_type_name(found)}, which "
+    raise TypeError(f"cannot send {what} to the ranks: {where} is a {type_name(found)}, which "
                     f"cannot be pickled ({found_err}). {hint}") from None

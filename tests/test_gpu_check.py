@@ -67,7 +67,7 @@ def test_every_cuda_branch_has_a_gpu_test(gpu_tests):
 
 @pytest.mark.skipif(torch.cuda.device_count() > 0, reason=NO_GPU)
 def test_without_a_gpu_every_gpu_test_is_skipped_with_its_reason(gpu_tests):
-    result, xml, names = gpu_tests
+    result, xml, _ = gpu_tests
     out = result.stdout
     collected = int(re.search(r"collected (\d+) items?", out).group(1))
     summary = out.strip().splitlines()[-1]
@@ -76,7 +76,7 @@ def test_without_a_gpu_every_gpu_test_is_skipped_with_its_reason(gpu_tests):
     assert sum(int(count) for count, _ in reasons) == collected >= len(BRANCHES)
     assert all(re.fullmatch(r"needs \d+ GPUs?; this machine has 0", reason) for _, reason in reasons)
     tests = parse_junit(xml)
-    assert len(tests) == len(names) == collected
+    assert len(tests) == collected
     assert all(t.outcome == "skipped" and allowed_skip(t, 0) for t in tests)
 
 
