@@ -3,18 +3,12 @@ their content is in nb02.toml."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from ..splits import split_sizes
 from .core import load_bank
 
 __all__ = ["EXERCISES"]
-
-
-def _chunk_rule(batch: int, devices: int) -> list[int]:
-    """What ``torch.chunk`` (and so DataParallel's scatter) gives: pieces of ceil(batch / devices)."""
-    step = math.ceil(batch / devices)
-    return [min(step, batch - start) for start in range(0, batch, step)]
 
 
 def _even_split(batch: int, devices: int) -> list[int]:
@@ -27,14 +21,14 @@ def _judge_chunks_of_13(answer: Any) -> str | None:
                                                         for v in answer):
         return f"write a list of whole numbers, one per device that gets rows, not {answer!r}"
     answer = list(answer)
-    if answer == _chunk_rule(13, 4):
+    if answer == split_sizes(13, 4):
         return None
     if sum(answer) != 13:
         return f"your chunks add up to {sum(answer)} rows, but the batch has 13: every row goes somewhere"
     if answer == _even_split(13, 4):
         return ("you spread the rows as evenly as possible (that is torch.tensor_split); DataParallel "
                 "scatters with torch.chunk, which cuts equal pieces first and leaves the rest to the last")
-    if sorted(answer) == sorted(_chunk_rule(13, 4)):
+    if sorted(answer) == sorted(split_sizes(13, 4)):
         return ("the sizes are right but not their order: the chunks go to the devices in order, "
                 "the short one last")
     if len(answer) > 4:
@@ -45,7 +39,7 @@ def _judge_chunks_of_13(answer: Any) -> str | None:
 def _judge_busy_devices(answer: Any) -> str | None:
     if not isinstance(answer, int) or isinstance(answer, bool):
         return f"write a whole number of devices (0 to 8), not {type(answer).__name__}"
-    right = len(_chunk_rule(18, 8))
+    right = len(split_sizes(18, 8))
     if answer == right:
         return None
     if answer == 8:
@@ -59,7 +53,7 @@ def _judge_busy_devices(answer: Any) -> str | None:
 def _judge_split_sizes(answer: Any) -> str | None:
     for batch, devices in [(30, 2), (30, 4), (30, 8), (10, 8), (13, 4), (9, 4), (3, 8), (1, 1), (64, 16)]:
         got = answer(batch, devices)
-        want = _chunk_rule(batch, devices)
+        want = split_sizes(batch, devices)
         if got == want:
             continue
         if not isinstance(got, list):

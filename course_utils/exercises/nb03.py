@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..splits import split_sizes
 from .core import load_bank
 
 __all__ = ["EXERCISES"]
@@ -70,8 +71,7 @@ def _judge_weights(answer: Any) -> str | None:
     if not isinstance(answer, (list, tuple)) or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in answer):
         return f"write a list of numbers, one weight per returned loss, not {answer!r}"
-    step = math.ceil(10 / 4)
-    sizes = [min(step, 10 - start) for start in range(0, 10, step)]
+    sizes = split_sizes(10, 4)  # torch.chunk's pieces: what each replica's loss averages over
     if len(answer) != len(sizes):
         return (f"you gave {len(answer)} weights; count the chunks first: torch.chunk cuts pieces of "
                 "ceil(10 / 4) rows, and every returned loss needs one weight")

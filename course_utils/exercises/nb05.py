@@ -23,10 +23,11 @@ def _judge_ring_bytes(answer: Any) -> str | None:
     wrong_type = _whole_number(answer, "the bytes each rank sends")
     if wrong_type:
         return wrong_type
+    from course_utils.collectives import ring_bytes_per_rank
+
     values, ranks, itemsize = 4096, 4, 4
     size = values * itemsize
-    chunk = size // ranks
-    right = 2 * (ranks - 1) * chunk
+    right = int(ring_bytes_per_rank(size, ranks))  # 24576
     if answer == right:
         return None
     if answer == right // itemsize:

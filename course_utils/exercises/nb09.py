@@ -98,7 +98,5 @@ def _judge_clip(answer: Any) -> str | None:
                            hang_hint="the ranks hung: every rank must take part in the same all-reduce")
 
 
-# What the answer cells use from the notebook's imports cell (run before them, as in the notebook).
-
 
 EXERCISES = load_bank(__name__)

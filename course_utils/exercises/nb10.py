@@ -11,11 +11,17 @@ from .core import load_bank, run_on_ranks
 __all__ = ["EXERCISES"]
 
 HANG_S = 4.0  # a rank function that has not finished by then is stuck
+#: the same where a GPU is visible: launch then starts ranks as fresh interpreters (CUDA and fork
+#: do not mix), which import torch first; notebook 10 allows its broken programs 8 s there too
+HANG_FRESH_S = 8.0
 
 
 def run_ranks(fn: Any, world_size: int, *args: Any) -> tuple[list | None, str | None]:
     """:func:`run_on_ranks` with notebook 10's hang limit and hang hint."""
-    return run_on_ranks(fn, world_size, *args, timeout_s=HANG_S, hang_hint=(
+    from ..forkserver import cuda_visible
+
+    timeout_s = HANG_FRESH_S if cuda_visible() else HANG_S
+    return run_on_ranks(fn, world_size, *args, timeout_s=timeout_s, hang_hint=(
         "the ranks hung: one rank waited in a collective that another rank never called, or "
         "called in a different order"))
 
