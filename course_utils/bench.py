@@ -24,16 +24,8 @@ from torch import nn
 
 from ._checks import check_positive_int
 
-__all__ = [
-    "SIZES",
-    "STRATEGIES",
-    "devices_needed",
-    "machine_description",
-    "main",
-    "measure_loader",
-    "measure_strategies",
-    "strategy_placement",
-]
+__all__ = ["SIZES", "STRATEGIES", "devices_needed", "machine_description", "main", "measure_loader",
+           "measure_strategies", "strategy_placement"]
 
 #: size -> (MLP width, rows per device per step)
 SIZES = {"tiny": (64, 32), "small": (256, 64), "medium": (1024, 128), "large": (1024, 1024)}
@@ -143,10 +135,11 @@ def _harness_rank(rank: int, world_size: int, strategy: str, width: int, global_
     y = torch.randint(0, _CLASSES, (rows,), generator=g).to(device)
     used = ([] if not on_gpu else list(range(devices)) if strategy in ("dp", "parallel_criterion")
             else [device.index])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # no state until its first step
     if strategy.startswith("zero1"):  # importing torch.distributed.optim takes a second: only here
         from torch.distributed.optim import ZeroRedundancyOptimizer
         optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # no state until its first step
     scaler = grad_scaler(amp, device.type)
     times = []
     for step in range(steps + 2):  # two warm-up steps
@@ -343,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     records = {r["strategy"]: r for r in measure_strategies(
         "tiny" if args.quick else "large", strategies=("ddp_1", "ddp_2", "fsdp_2"),
         steps=4 * repeats, progress=False, where="cpu")}
-    one, two, fsdp = (records[s]["samples_per_s"] for s in ("ddp_1", "ddp_2", "fsdp_2"))
+    one, two = (records[s]["samples_per_s"] for s in ("ddp_1", "ddp_2"))
     rows.append(("DDP scaling, 2 ranks / 1 rank (samples/s)", f"{two:8.0f} / {one:8.0f}",
                  two / one, "ideal 2.0, target >= 1.7"))
 

@@ -101,11 +101,6 @@ def make_model(config: TrainConfig) -> nn.Module:
         )
 
 
-def _sampler(dataset: Dataset, config: TrainConfig, world_size: int, rank: int) -> DistributedSampler:
-    return DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                              seed=config.seed)
-
-
 def _check_snapshot_args(snapshot, snapshot_every, before_step) -> None:
     if snapshot is not None and not isinstance(snapshot, (str, os.PathLike)):
         raise TypeError(f"snapshot must be a path or None, got {type(snapshot).__name__}")

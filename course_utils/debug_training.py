@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .ddp_demos import TwoHeads
 from .devices import rank_device
+from .snapshots import state_copy
 
 __all__ = [
     "accumulate_step",
@@ -52,10 +53,6 @@ def small_model() -> nn.Module:
     """The small regression network every experiment here starts from (seeded: same weights)."""
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-
-
-def _params(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
 
 
 def _check_counts(**counts: int) -> None:
@@ -109,7 +106,7 @@ def train_accumulating(rank: int, world_size: int, step: Callable[..., None], k:
     for s in range(steps):
         step(ddp_model, optimizer, [(x[s, rank, i].to(device), y[s, rank, i].to(device))
                                     for i in range(k)])
-    return _params(ddp_model.module)
+    return state_copy(ddp_model.module)
 
 
 def accumulation_reference(world_size: int, k: int, micro: int, steps: int) -> dict[str, torch.Tensor]:
@@ -121,7 +118,7 @@ def accumulation_reference(world_size: int, k: int, micro: int, steps: int) -> d
         F.mse_loss(model(x[s].reshape(-1, 4)), y[s].reshape(-1, 1)).backward()
         optimizer.step()
         optimizer.zero_grad()
-    return _params(model)
+    return state_copy(model)
 
 
 # ----------------------------------------------------------------------------- uneven inputs
@@ -166,7 +163,7 @@ def train_uneven(rank: int, world_size: int, batches_per_rank: list[int], mode: 
             optimizer.step()
             optimizer.zero_grad()
     # endregion
-    return {"steps": len(batches), "params": _params(ddp_model.module)}
+    return {"steps": len(batches), "params": state_copy(ddp_model.module)}
 
 
 def uneven_reference(batches_per_rank: list[int], mode: str) -> dict[str, torch.Tensor]:
@@ -191,7 +188,7 @@ def uneven_reference(batches_per_rank: list[int], mode: str) -> dict[str, torch.
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    return _params(model)
+    return state_copy(model)
 
 
 # ----------------------------------------------------------------------------- unused parameters
@@ -303,7 +300,7 @@ def train_compressed(rank: int, world_size: int, hook: str, steps: int = 20) -> 
         losses = _sine_steps(ddp_model, optimizer, rank, steps, rows=16)
     finally:
         dist.all_reduce = real
-    return {"bytes_per_step": sum(sent) / steps, "losses": losses, "params": _params(ddp_model.module)}
+    return {"bytes_per_step": sum(sent) / steps, "losses": losses, "params": state_copy(ddp_model.module)}
 
 
 # ----------------------------------------------------------------------------- state-dict prefixes

@@ -16,7 +16,11 @@ import sys
 import time
 from collections.abc import Callable
 
-__all__ = ["CHECKS", "main", "run_checks"]
+__all__ = ["CHECKS", "TORCH_PIN", "main", "run_checks"]
+
+
+#: requirements.txt's torch pin (tests/test_pins.py keeps the two equal)
+TORCH_PIN = "2.13.0"
 
 
 def _torch() -> str:
@@ -24,8 +28,8 @@ def _torch() -> str:
 
     from .env import device_report
 
-    if not torch.__version__.startswith("2.13.0"):
-        raise RuntimeError(f"PyTorch {torch.__version__} is installed; the course pins 2.13.0 "
+    if not torch.__version__.startswith(TORCH_PIN):
+        raise RuntimeError(f"PyTorch {torch.__version__} is installed; the course pins {TORCH_PIN} "
                            "(run `make install` in a fresh clone)")
     report = device_report()
     return f"PyTorch {torch.__version__}; {report.gpu_count} GPU(s)"

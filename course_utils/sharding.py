@@ -70,7 +70,7 @@ def fsdp_local_numel(shapes: Sequence[Sequence[int]], world_size: int, rank: int
     total = 0
     for shape in shapes:
         rows, per_row = shape[0], int(torch.Size(shape[1:]).numel())
-        size = -(-rows // world_size)
+        size = shard_numel(rows, world_size)
         total += max(0, min(rows - rank * size, size)) * per_row
     return total
 
@@ -134,7 +134,7 @@ def sharded_ledger(spec: ModelSpec, strategy: str, *, batch_size: int, num_devic
         row = dict(row)
         for (name, sharded), size in zip(zip(("parameters", "gradients", "optimizer state"),
                                              SHARDED[strategy], strict=True), sizes, strict=True):
-            row[name] = size * (-(-psi // n) if sharded else psi)
+            row[name] = size * (shard_numel(psi, n) if sharded else psi)
         row["DDP buckets"] = row["gradients"] if strategy == "ddp" else 0
         rows.append(row)
     return ShardedLedger(spec, strategy, batch_size, 0, base.rows_per_device, rows)

@@ -48,6 +48,12 @@ def test_torch_is_pinned_exactly():
     assert requirement_pins()["torch"] == "2.13.0"
 
 
+def test_the_preflight_expects_the_pinned_torch():
+    from course_utils.preflight import TORCH_PIN
+
+    assert TORCH_PIN == requirement_pins()["torch"]
+
+
 def test_environment_yml_carries_the_same_pins():
     pins = requirement_pins()
     pip, conda = environment_pins()
