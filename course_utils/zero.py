@@ -28,6 +28,7 @@ from torch import nn
 
 from ._checks import check_int
 from .collectives import ring_bytes_per_rank
+from .compat import all_gather_single, reduce_scatter_single
 
 __all__ = ["CommLog", "STAGES", "ZeroByHand", "shard_numel"]
 
@@ -68,11 +69,11 @@ class CommLog:
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor) -> None:  # noqa: A002
         self._log("reduce_scatter", (dist.get_world_size() - 1) * output.numel() * output.element_size())
-        dist.reduce_scatter_single(output, input)
+        reduce_scatter_single(output, input)  # its name differs between releases: see compat
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:  # noqa: A002
         self._log("all_gather", (dist.get_world_size() - 1) * input.numel() * input.element_size())
-        dist.all_gather_single(output, input)
+        all_gather_single(output, input)
 
 
 class _Unit:

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from ..compat import COLLECTIVE_NAMES
 from .core import hint_from_ranks, load_bank
 
 __all__ = ["EXERCISES"]
@@ -48,7 +49,15 @@ def zero1_step_rank(rank: int, world_size: int, answer: Any) -> str | None:
     flat_param = start.clone()
     shard = torch.nn.Parameter(flat_param[8 * rank:8 * (rank + 1)].clone())
     optimizer = torch.optim.AdamW([shard], lr=0.1)
-    answer(flat_param, grads[rank].clone(), shard, optimizer)
+    try:
+        answer(flat_param, grads[rank].clone(), shard, optimizer)
+    except AttributeError as err:  # a collective's name from another torch release
+        names = [n for pair in COLLECTIVE_NAMES.items() for n in pair if f"'{n}'" in str(err)]
+        if not names:
+            raise
+        return (f"torch {torch.__version__} has no dist.{names[0]}: the flat-tensor collectives "
+                "changed names in torch 2.13 (see 'What gloo offers'); compat.reduce_scatter_single "
+                "and compat.all_gather_single work on every release")
     mine = slice(8 * rank, 8 * (rank + 1))
     dist.barrier()
     if shard.grad is None:

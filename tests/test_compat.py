@@ -1,0 +1,83 @@
+"""What differs between torch releases goes through course_utils.compat, and works on either side.
+
+The release before 2.13 is imitated on the pinned one by deleting 2.13's names inside the ranks
+(forked or fresh processes, so the parent's torch is untouched); ``make compat`` runs the same code
+on a real older release.
+"""
+
+import torch
+import torch.distributed as dist
+
+from course_utils import compat
+from course_utils.distributed import launch
+from course_utils.exercises import run_source
+
+
+def _as_before_2_13() -> None:
+    for name in compat.COLLECTIVE_NAMES:
+        if hasattr(dist, name):
+            delattr(dist, name)
+
+
+def _flat_collectives(rank: int, world_size: int, old_release: bool) -> tuple[list, list, list]:
+    if old_release:
+        _as_before_2_13()
+    names = [compat.collective_name(n) for n in compat.COLLECTIVE_NAMES]
+    full = torch.arange(4.0 * world_size) * (rank + 1)
+    mine = torch.empty(4)
+    compat.reduce_scatter_single(mine, full)
+    gathered = torch.empty(4 * world_size)
+    compat.all_gather_single(gathered, torch.full((4,), float(rank)))
+    return names, mine.tolist(), gathered.tolist()
+
+
+def test_the_flat_collectives_use_whichever_name_the_release_has():
+    for old_release, expected in ((False, list(compat.COLLECTIVE_NAMES)),
+                                  (True, list(compat.COLLECTIVE_NAMES.values()))):
+        results = launch(_flat_collectives, 2, old_release, echo=False, timeout_s=60, backend="gloo")
+        for rank, (names, mine, gathered) in enumerate(results):
+            assert names == expected
+            # each rank's slice of sum_r (r + 1) * arange(8) is 3 * its slice of arange(8)
+            assert mine == [3.0 * v for v in range(4 * rank, 4 * rank + 4)]
+            assert gathered == [0.0] * 4 + [1.0] * 4
+
+
+def test_collective_name_prefers_the_new_name_and_falls_back(monkeypatch):
+    assert compat.collective_name("all_gather_single") == "all_gather_single"
+    monkeypatch.delattr(dist, "all_gather_single")
+    assert compat.collective_name("all_gather_single") == "all_gather_into_tensor"
+
+
+def test_torch_release_reads_the_running_version(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu128")
+    assert compat.torch_release() == (2, 11)
+
+
+_STEP = '''
+def zero1_step(flat_param, flat_grad, shard, optimizer):
+    {prelude}
+    grad = torch.empty_like(shard)
+    {reduce_scatter}(grad, flat_grad)
+    shard.grad = grad / dist.get_world_size()
+    optimizer.step()
+    {all_gather}(flat_param, shard.detach().clone())
+'''
+
+
+def test_exercise_09_2_accepts_either_release_names_and_compat():
+    for reduce_scatter, all_gather in (("compat.reduce_scatter_single", "compat.all_gather_single"),
+                                       ("dist.reduce_scatter_single", "dist.all_gather_single"),
+                                       ("dist.reduce_scatter_tensor", "dist.all_gather_into_tensor")):
+        source = _STEP.format(prelude="pass", reduce_scatter=reduce_scatter, all_gather=all_gather)
+        result = run_source("09.2", source)
+        assert result.right, (reduce_scatter, str(result))
+
+
+def test_exercise_09_2_names_the_release_when_a_name_is_missing():
+    # torch 2.11 has no dist.reduce_scatter_single: imitated by deleting it in the rank
+    prelude = "del dist.reduce_scatter_single, dist.all_gather_single"
+    source = _STEP.format(prelude=prelude, reduce_scatter="dist.reduce_scatter_single",
+                          all_gather="dist.all_gather_single")
+    result = run_source("09.2", source)
+    assert result.status == "not yet"
+    assert "has no dist.reduce_scatter_single" in result.hint and "compat." in result.hint, result.hint
