@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit nbval stress execute lab preflight solutions lint bench gpu-check clean
+.PHONY: help install test unit nbval stress execute lab preflight solutions lint bench gpu-check compat clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -59,6 +59,12 @@ bench: $(STAMP) ## Print the performance figures (DDP scaling, ring vs gloo, lau
 
 gpu-check: $(STAMP) ## On a GPU machine: the gpu tests and every notebook on the GPUs; writes gpu-check-report.md
 	$(BIN)/python -m course_utils.gpu_check
+
+# Colab's torch by default; `make compat TORCH=2.13.0` checks another release. No stamp: the
+# environment in .compat/ is reused, and the course is reinstalled from this checkout every time.
+TORCH ?= 2.11.0
+compat: ## Every notebook, every solution and the launch tests on another torch (TORCH=2.11.0, Colab's)
+	$(PYTHON) -m course_utils.compat_check --torch $(TORCH)
 
 lint: $(STAMP) ## ruff over the package, the tests and the notebooks
 	$(BIN)/python -m ruff check .

@@ -1,8 +1,9 @@
 """What differs between the PyTorch releases the course runs on, in one place.
 
 The course pins torch 2.13 (what nbval checks) and runs on Colab's release too (2.11 in 2026);
-``make compat`` proves both. Every call whose name or behaviour changed between those releases goes
-through here, so that a lesson module never asks which release it is on.
+``make compat`` proves both (``compat_check.TESTED_RELEASES``). Every call whose name or behaviour
+changed between those releases goes through here, so that a lesson module never asks which
+release it is on.
 
 - ``reduce_scatter_single`` / ``all_gather_single``: the collectives on one flat tensor (notebook
   09). Torch 2.13 named them so; every earlier release calls them ``reduce_scatter_tensor`` and
@@ -32,6 +33,8 @@ def torch_release() -> tuple[int, int]:
 
 def collective_name(name: str) -> str:
     """The name under which this torch offers the flat-tensor collective ``name`` (2.13's name)."""
+    if name not in COLLECTIVE_NAMES:
+        raise ValueError(f"name must be one of {sorted(COLLECTIVE_NAMES)}, got {name!r}")
     return name if hasattr(dist, name) else COLLECTIVE_NAMES[name]
 
 

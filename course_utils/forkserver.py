@@ -14,7 +14,8 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["PRELOAD", "Forked", "RankProcess", "cuda_visible", "forkserver_context", "use_forkserver"]
+__all__ = ["PRELOAD", "Forked", "RankProcess", "cuda_visible", "forkserver_context", "internals_missing",
+           "use_forkserver"]
 
 
 #: What the fork server imports once, so that a forked rank need not: torch, c10d, and what
@@ -31,6 +32,10 @@ def use_forkserver(start: str, backend: str) -> bool:
     if start == "forkserver" and not available:
         raise ValueError("start='forkserver' is not available on this platform; use "
                          "start='subprocess'")
+    missing = internals_missing() if available else []
+    if start == "forkserver" and missing:
+        raise ValueError(f"start='forkserver' needs multiprocessing internals this Python lacks "
+                         f"({', '.join(missing)}); use start='subprocess'")
     if start != "auto":
         return start == "forkserver"
     # A script run by path keeps fresh interpreters under "auto", as it always has (ranks no
@@ -39,8 +44,34 @@ def use_forkserver(start: str, backend: str) -> bool:
     main_is_safe = getattr(main, "__spec__", None) is not None or not hasattr(main, "__file__")
     # With a GPU, ranks keep fresh interpreters: a forked process can use CUDA only if the server
     # never initialised it, and a GPU machine was not available to check the server's imports.
-    return (available and sys.platform == "linux" and backend == "gloo" and main_is_safe
-            and not cuda_visible())
+    fork = available and sys.platform == "linux" and backend == "gloo" and main_is_safe and not cuda_visible()
+    if fork and missing:
+        _note_once(f"launch: this Python's multiprocessing lacks {', '.join(missing)}, which the fork "
+                   f"server relies on; ranks start as fresh interpreters instead (same results, "
+                   f"about a second slower each)")
+        return False
+    return fork
+
+
+_NOTED: set[str] = set()
+
+
+def _note_once(message: str) -> None:
+    if message not in _NOTED:
+        _NOTED.add(message)
+        print(message, file=sys.stderr, flush=True)
+
+
+def internals_missing() -> list[str]:
+    """The CPython internals of ``multiprocessing`` that :class:`RankProcess` relies on and this
+    Python lacks (private names, which a Python release may change): empty where all are there."""
+    if RankProcess is None:
+        return ["multiprocessing.popen_forkserver"]
+    popen = getattr(_popen_forkserver, "Popen", None)
+    needed = {"multiprocessing.spawn.get_preparation_data": getattr(_spawn, "get_preparation_data", None),
+              "multiprocessing.popen_forkserver.Popen._launch": getattr(popen, "_launch", None),
+              "multiprocessing.context.ForkServerProcess": getattr(_mp_context, "ForkServerProcess", None)}
+    return [name for name, found in needed.items() if not callable(found)]
 
 
 def cuda_visible() -> bool:
@@ -63,14 +94,14 @@ def forkserver_context() -> Any:
 
 _PREPARING = threading.Lock()
 
-try:  # the fork server exists on POSIX systems only
+try:  # the fork server exists on POSIX systems only; these are CPython internals (internals_missing)
     from multiprocessing import context as _mp_context
     from multiprocessing import popen_forkserver as _popen_forkserver
     from multiprocessing import spawn as _spawn
 except ImportError:  # pragma: no cover - Windows
     RankProcess: Any = None
 else:
-    class _RankPopen(_popen_forkserver.Popen):
+    class _RankPopen(getattr(_popen_forkserver, "Popen", object)):  # type: ignore[misc]
         """Starts a fork-server child that does not re-import ``__main__``.
 
         multiprocessing's children import the parent's ``__main__`` again (a script run by path
@@ -98,7 +129,7 @@ else:
                 finally:
                     _spawn.get_preparation_data = prepare
 
-    class RankProcess(_mp_context.ForkServerProcess):  # type: ignore[no-redef]
+    class RankProcess(getattr(_mp_context, "ForkServerProcess", object)):  # type: ignore[no-redef,misc]
         """A fork-server ``Process`` started by :class:`_RankPopen`."""
 
         @staticmethod

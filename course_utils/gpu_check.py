@@ -10,14 +10,12 @@ than this machine has) and every notebook ran without an error; else 1. Progress
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
 import re
 import subprocess
 import sys
 import tempfile
-import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +24,7 @@ from pathlib import Path
 import torch
 
 from ._checks import check_number, check_seconds
+from .nbtools import first_line
 
 __all__ = ["NO_GPU_EXIT", "NotebookResult", "TestResult", "allowed_skip", "environment", "main",
            "parse_junit", "render_report", "run_gpu_tests", "run_notebook", "verdict"]
@@ -35,10 +34,6 @@ NO_GPU_EXIT = 2
 OUTCOMES = ("passed", "failed", "error", "skipped")
 #: the reason tests/test_gpu.py gives when a test needs more GPUs than the machine has
 _NEEDS_GPUS = re.compile(r"needs (\d+) GPUs?; this machine has (\d+)")
-
-
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in str(text).splitlines() if line.strip()), "")
 
 
 def _existing(path: object, what: str) -> Path:
@@ -113,7 +108,7 @@ def parse_junit(path: str | os.PathLike) -> list[TestResult]:
         name = "::".join(part for part in (case.get("classname"), case.get("name")) if part) or "(unnamed)"
         worst = max((c for c in case if c.tag in order), key=lambda c: order.index(c.tag), default=None)
         outcome = "passed" if worst is None else {"failure": "failed"}.get(worst.tag, worst.tag)
-        message = "" if worst is None else _first_line(worst.get("message", ""))
+        message = "" if worst is None else first_line(worst.get("message", ""))
         results.append(TestResult(name, outcome, message))
     return results
 
@@ -196,34 +191,14 @@ def run_gpu_tests(root: str | os.PathLike = ROOT, timeout_s: float = 1800.0) -> 
 def run_notebook(path: str | os.PathLike, timeout_s: float = 900.0) -> NotebookResult:
     """Execute a notebook top to bottom in memory; the kernel starts in the notebook's folder."""
     import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
+
+    from .nbtools import run_in_memory
 
     path = _existing(path, "notebook")
     check_seconds("timeout_s", timeout_s)
     print(f"gpu-check: executing {path.name}", file=sys.stderr, flush=True)
-    nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=int(timeout_s) + 1, kernel_name="python3", record_timing=False,
-                            resources={"metadata": {"path": str(path.parent.resolve())}})
-    async def execute() -> None:  # the whole notebook, not just each cell, within timeout_s
-        task = asyncio.ensure_future(client.async_execute())
-        if task not in (await asyncio.wait({task}, timeout=timeout_s))[0]:
-            task.cancel()  # nbclient shuts the kernel down on the way out
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await task
-            raise TimeoutError
-        task.result()  # raises the notebook's error, if any
-
-    start, error = time.perf_counter(), ""
-    try:
-        asyncio.run(execute())
-    except CellExecutionError as err:
-        error = f"{err.ename}: {_first_line(err.evalue)}"
-    except TimeoutError:
-        error = f"Timeout: did not finish within {timeout_s:g} s"
-    except Exception as err:  # a dead kernel, a kernel that cannot start: the notebook failed
-        error = f"{type(err).__name__}: {_first_line(str(err))}"
-    return NotebookResult(path.name, not error, time.perf_counter() - start, error)
+    error, seconds = run_in_memory(nbformat.read(path, as_version=4), path.parent, timeout_s)
+    return NotebookResult(path.name, not error, seconds, error)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,10 +10,13 @@ Used by ``make execute`` and by the tests; learners never need it.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from . import BRANCH, REPO
 
@@ -22,7 +25,9 @@ __all__ = [
     "badge_markdown",
     "clean_metadata",
     "execute_notebook",
+    "first_line",
     "hygiene_problems",
+    "run_in_memory",
     "sync_header",
 ]
 
@@ -131,6 +136,48 @@ def execute_notebook(path: str | Path, *, timeout: int = 600) -> float:
     clean_metadata(nb)
     nbformat.write(nb, path)
     return seconds
+
+
+def first_line(text: str) -> str:
+    """The first non-blank line of ``text``, stripped ("" if none): an error's headline."""
+    return next((line.strip() for line in str(text).splitlines() if line.strip()), "")
+
+
+def run_in_memory(nb: Any, folder: str | Path, timeout_s: float) -> tuple[str, float]:
+    """Execute the notebook ``nb`` top to bottom, its kernel started in ``folder``, within ``timeout_s``.
+
+    The outputs land in ``nb`` (nothing is written to disk). Returns ``(error, seconds)``, where
+    ``error`` is "" when every cell ran, else the first line of what went wrong (a cell's
+    exception, a dead kernel, or the whole notebook's time running out). Used by ``make gpu-check``
+    and ``make compat``.
+    """
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    if not Path(folder).is_dir():
+        raise NotADirectoryError(f"folder must be an existing directory, got {folder!r}")
+    client = NotebookClient(nb, timeout=int(timeout_s) + 1, kernel_name="python3", record_timing=False,
+                            resources={"metadata": {"path": str(Path(folder).resolve())}})
+
+    async def execute() -> None:  # the whole notebook, not just each cell, within timeout_s
+        task = asyncio.ensure_future(client.async_execute())
+        if task not in (await asyncio.wait({task}, timeout=timeout_s))[0]:
+            task.cancel()  # nbclient shuts the kernel down on the way out
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await task
+            raise TimeoutError
+        task.result()  # raises the notebook's error, if any
+
+    start, error = time.perf_counter(), ""
+    try:
+        asyncio.run(execute())
+    except CellExecutionError as err:
+        error = f"{err.ename}: {first_line(err.evalue)}"
+    except TimeoutError:
+        error = f"Timeout: did not finish within {timeout_s:g} s"
+    except Exception as err:  # a dead kernel, a kernel that cannot start: the notebook failed
+        error = f"{type(err).__name__}: {first_line(str(err))}"
+    return error, time.perf_counter() - start
 
 
 def hygiene_problems(path: str | Path) -> list[str]:

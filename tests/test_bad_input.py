@@ -21,6 +21,7 @@ from course_utils import (
     by_hand,
     cluster,
     collectives,
+    compat,
     data,
     ddp_train,
     debug_training,
@@ -282,6 +283,10 @@ CASES = [
      ValueError, 'num_classes must be an int >= 1'),
     ('nbtools.badge_markdown', lambda: nbtools.badge_markdown("x.py"),
      ValueError, "expected a notebook file name like '00_x.ipyn"),
+    ('nbtools.run_in_memory', lambda: nbtools.run_in_memory({"cells": []}, "no/such/folder", 1.0),
+     NotADirectoryError, "folder must be an existing directory"),
+    ('compat.collective_name', lambda: compat.collective_name("all_reduce"),
+     ValueError, "name must be one of ['all_gather_single', 'reduce_scatter_single']"),
     ('nbtools.execute_notebook', lambda: nbtools.execute_notebook("missing.ipynb"),
      FileNotFoundError, 'no notebook at missing.ipynb'),
     ('nbtools.hygiene_problems', lambda: nbtools.hygiene_problems("missing.ipynb"),
@@ -487,9 +492,11 @@ def test_every_public_callable_has_a_bad_input_case():
         # run inside a process group by launch(); tested with their modules
         *(f"ddp_demos.{n}" for n in importlib.import_module("course_utils.ddp_demos").__all__),
         "ddp_train.train_ddp", "collectives.ring_all_reduce", "memory.cuda_peak_bytes",
+        "compat.reduce_scatter_single", "compat.all_gather_single",
         # command-line entry points: argparse (test below)
         "ddp_train.main", "bench.main", "gpu_check.main", "edition.main", "preflight.main",
         # no arguments, or plain records
+        "compat.torch_release", "nbtools.first_line",
         "bench.machine_description", "env.device_report", "gpu_check.environment", "fault_demos.demo_model", "env.in_colab", "distributed.free_port",
         "simulated.record_memory", "simulated.recording", "simulated.tensors_in", "distributed.rank_print", "distributed.LaunchTimeout",
         "distributed.RankError", "torchrun.TorchrunResult", "dp_evidence.Equivalence",

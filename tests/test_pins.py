@@ -75,43 +75,52 @@ def test_installed_versions_match_the_pins(name):
     assert installed.split("+")[0] == requirement_pins()[name]
 
 
-#: The torch APIs the course calls that are newer than torch 2.0, with the release that added them.
-#: pyproject's floor must be at least the newest of these (Colab installs against it).
-TORCH_APIS = {
-    "torch.get_autocast_dtype": "2.4",          # course_utils.amp
-    "torch.amp.GradScaler": "2.3",              # GradScaler("cpu") in course_utils.amp
-    "torch.distributed.init_process_group(device_id)": "2.3",  # course_utils.devices.init_kwargs
-}
+def _dependencies() -> list[str]:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
 
 
-def _version_tuple(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", text)[:2])
+def test_the_torch_floor_is_the_oldest_release_make_compat_passes_on():
+    """The floor is a fact: CI runs `make compat` on the oldest tested release, the Makefile's default."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    from course_utils.compat_check import DEFAULT_TORCH, TESTED_RELEASES
+
+    torch_req = next(Requirement(d) for d in _dependencies() if Requirement(d).name == "torch")
+    floors = [Version(s.version) for s in torch_req.specifier if s.operator == ">="]
+    oldest = min(TESTED_RELEASES, key=Version)
+    assert floors == [Version(".".join(oldest.split(".")[:2]))], (str(torch_req.specifier), oldest)
+    assert DEFAULT_TORCH == oldest and requirement_pins()["torch"] in TESTED_RELEASES
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(rf"^TORCH \?= {re.escape(DEFAULT_TORCH)}$", makefile, re.MULTILINE)
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "make compat" in ci, "CI must run make compat, or the floor is a claim"
+    readme = (ROOT / "README.md").read_text()
+    assert all(release in readme for release in TESTED_RELEASES)
 
 
-def _floor() -> str:
-    text = (ROOT / "pyproject.toml").read_text()
-    match = re.search(r'"torch>=([\d.]+)"', text)
-    assert match, "pyproject.toml must give torch a floor (torch>=X.Y)"
-    return match.group(1)
+def test_every_third_party_module_the_package_imports_is_a_declared_dependency():
+    """A plain `pip install` (Colab's set-up cell) must bring whatever course_utils imports."""
+    import ast
+    import sys
+    from importlib.metadata import packages_distributions
 
+    from packaging.requirements import Requirement
 
-def test_the_torch_floor_covers_every_api_the_course_calls():
-    import inspect
-
-    import torch
-    import torch.distributed as dist
-
-    assert callable(torch.get_autocast_dtype)
-    assert "device" in inspect.signature(torch.amp.GradScaler.__init__).parameters
-    assert "device_id" in inspect.signature(dist.init_process_group).parameters
-    newest = max(TORCH_APIS.values(), key=_version_tuple)
-    assert _version_tuple(_floor()) >= _version_tuple(newest), (
-        f"pyproject's torch floor {_floor()} is older than {newest}, which the course needs")
-    assert _version_tuple(torch.__version__) >= _version_tuple(_floor())
-
-
-def test_the_floor_is_not_older_than_the_code_uses():
-    """Every listed API is really called by the package, so the table cannot go stale silently."""
-    source = "\n".join(p.read_text() for p in (ROOT / "course_utils").glob("*.py"))
-    for api in ("get_autocast_dtype", "GradScaler(", "init_kwargs("):
-        assert api in source, f"{api} is no longer used: update TORCH_APIS"
+    declared = {Requirement(d).name.lower() for d in _dependencies()}
+    distributions = packages_distributions()
+    imported = set()
+    for path in (ROOT / "course_utils").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = sorted(m for m in imported - {"course_utils", "__future__"}
+                         if m not in sys.stdlib_module_names)
+    assert "psutil" in third_party and "torch" in third_party  # the walk sees lazy imports too
+    undeclared = [m for m in third_party
+                  if not {d.lower() for d in distributions.get(m, [m])} & declared]
+    assert undeclared == [], f"imported by course_utils but not in pyproject's dependencies: {undeclared}"
