@@ -69,5 +69,36 @@ compat: ## Every notebook, every solution and the launch tests on another torch 
 lint: $(STAMP) ## ruff over the package, the tests and the notebooks
 	$(BIN)/python -m ruff check .
 
+# The book: the course as an HTML site from the notebooks' stored outputs (book/build.py), checked in
+# headless Chromium (book/check.py). Its tools have their own pins and venv, apart from .venv.
+BOOK_VENV  := .venv-book
+BOOK_STAMP := $(BOOK_VENV)/.installed
+CHROMIUM   := /usr/bin/chromium
+.PHONY: book book-check book-clean
+
+$(BOOK_STAMP): requirements-book.txt
+	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else "Python 3.11+ is needed, found %d.%d" % v[:2])'
+	$(PYTHON) -m venv $(BOOK_VENV)
+	$(BOOK_VENV)/bin/python -m pip install --quiet -r requirements-book.txt
+	@touch $@
+
+$(CHROMIUM):
+	@if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	  echo "make book-check needs Debian's Chromium at $(CHROMIUM), and only root can install it:"; \
+	  echo "  sudo apt-get update && sudo apt-get install -y chromium"; exit 1; fi
+	apt-get update -q
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+
+book: $(BOOK_STAMP) ## Build the course as an HTML book in _book/site (open _book/site/index.html)
+	$(BOOK_VENV)/bin/python book/build.py
+
+book-check: book $(CHROMIUM) ## Open every page of the book in headless Chromium (desktop, phone); the book's tests
+	$(BOOK_VENV)/bin/python book/check.py
+	$(BOOK_VENV)/bin/python -m pytest -o addopts=-ra -p no:cacheprovider -p no:warnings -m book tests/test_book.py
+
+book-clean:
+	rm -rf $(BOOK_VENV) _book
+clean: book-clean
+
 clean: ## Remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,108 @@
+"""Sphinx extension of the course's book: what the theme and myst-nb do not do for this course.
+
+- Each notebook page opens with its links: "Open in Colab" (the notebook's own badge, its address
+  checked against the one built from ``course_utils.REPO`` and ``BRANCH``), the ``.ipynb`` (copied
+  beside the page) and the notebook on GitHub. A notebook without its badge, or with a badge that
+  points elsewhere, is a warning, so the build fails.
+- The Colab badge image is served from the site (``book/assets/colab-badge.svg``), not fetched.
+- MathJax is served from the site (the pinned ``sphinx-mathjax-offline`` package's files), copied
+  only when some page has math.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from docutils import nodes
+from sphinx.application import Sphinx
+from sphinx.transforms import SphinxTransform
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
+
+COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
+LOCAL_BADGE = "/_assets/colab-badge.svg"  # staged by build.py; srcdir-relative
+MATHJAX = "mathjax/tex-chtml.js"  # under _static
+
+
+def colab_url(repo: str, branch: str, notebook: str) -> str:
+    """Colab's address of ``notebooks/<notebook>`` at ``branch`` of GitHub's ``repo``."""
+    return f"https://colab.research.google.com/github/{repo}/blob/{branch}/notebooks/{notebook}"
+
+
+def _is_course_notebook(env, docname: str) -> bool:
+    return docname.startswith("notebooks/") and str(env.doc2path(docname)).endswith(".ipynb")
+
+
+class LocalBadgeAndLinks(SphinxTransform):
+    """Serve the Colab badge from the site; give every notebook page its Colab and .ipynb links."""
+
+    default_priority = 400
+
+    def apply(self, **kwargs) -> None:
+        badges = [img for img in self.document.findall(nodes.image) if img["uri"] == COLAB_BADGE]
+        for img in badges:
+            img["uri"] = LOCAL_BADGE
+            img["classes"].append("colab-badge")
+        docname = self.env.docname
+        if not _is_course_notebook(self.env, docname):
+            return
+        name = Path(docname).name + ".ipynb"
+        config = self.config
+        want = colab_url(config.course_repo, config.course_branch, name)
+        links = [img.parent for img in badges if isinstance(img.parent, nodes.reference)]
+        if not links:
+            logger.warning("notebook %s has no 'Open in Colab' badge (run nbtools sync)", name,
+                           location=docname, type="course_book", subtype="badge")
+            return
+        badge = links[0]
+        if badge.get("refuri") != want:
+            logger.warning("the Colab badge of %s points to %s, expected %s (from course_utils.REPO "
+                           "and BRANCH; run nbtools sync)", name, badge.get("refuri"), want,
+                           location=docname, type="course_book", subtype="badge")
+        badge["refuri"] = want
+        github = f"https://github.com/{config.course_repo}/blob/{config.course_branch}/notebooks/{name}"
+        extra = [
+            nodes.Text(" "),
+            nodes.reference("", "Download the notebook (.ipynb)", refuri=name,
+                            classes=["course-link", "course-ipynb"]),
+            nodes.Text(" "),
+            nodes.reference("", "View it on GitHub", refuri=github, classes=["course-link"]),
+        ]
+        parent = badge.parent
+        parent.insert(parent.index(badge) + 1, extra)
+        parent["classes"].append("course-links")
+
+
+def copy_site_files(app: Sphinx, exception: Exception | None) -> None:
+    """After a good build: each notebook's .ipynb beside its page; MathJax where math is used."""
+    if exception is not None or app.builder.name != "html":
+        return
+    out = Path(app.outdir)
+    for docname in sorted(app.env.found_docs):
+        if _is_course_notebook(app.env, docname):
+            original = Path(app.config.course_notebook_sources) / (Path(docname).name + ".ipynb")
+            shutil.copyfile(original, out / (docname + ".ipynb"))
+    if getattr(app, "course_math_pages", None):
+        import importlib
+
+        package = Path(importlib.import_module("sphinx-mathjax-offline").__file__).parent
+        shutil.copytree(package / "static" / "mathjax", out / "_static" / "mathjax", dirs_exist_ok=True)
+
+
+def note_math(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
+    """Remember the pages with math (Sphinx adds MathJax's script to those alone)."""
+    if doctree is not None and any(doctree.findall(lambda n: isinstance(n, (nodes.math, nodes.math_block)))):
+        app.course_math_pages = {*getattr(app, "course_math_pages", ()), pagename}
+
+
+def setup(app: Sphinx) -> dict:
+    app.add_config_value("course_repo", "", "env")
+    app.add_config_value("course_branch", "main", "env")
+    app.add_config_value("course_notebook_sources", "", "env")
+    app.config.mathjax_path = MATHJAX
+    app.add_transform(LocalBadgeAndLinks)
+    app.connect("html-page-context", note_math)
+    app.connect("build-finished", copy_site_files)
+    return {"parallel_read_safe": True, "parallel_write_safe": False, "version": "1"}
