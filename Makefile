@@ -74,7 +74,8 @@ lint: $(STAMP) ## ruff over the package, the tests and the notebooks
 BOOK_VENV  := .venv-book
 BOOK_STAMP := $(BOOK_VENV)/.installed
 CHROMIUM   := /usr/bin/chromium
-.PHONY: book book-check book-clean
+BOOK_PORT  ?= 8000
+.PHONY: book book-check book-serve book-clean
 
 $(BOOK_STAMP): requirements-book.txt
 	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else "Python 3.11+ is needed, found %d.%d" % v[:2])'
@@ -95,6 +96,10 @@ book: $(BOOK_STAMP) ## Build the course as an HTML book in _book/site (open _boo
 book-check: book $(CHROMIUM) ## Open every page of the book in headless Chromium (desktop, phone); the book's tests
 	$(BOOK_VENV)/bin/python book/check.py
 	$(BOOK_VENV)/bin/python -m pytest -o addopts=-ra -p no:cacheprovider -p no:warnings -m book tests/test_book.py
+
+book-serve: book ## Build the book and serve it at http://127.0.0.1:8000 (BOOK_PORT=...) until Ctrl-C
+	@echo "The book: http://127.0.0.1:$(BOOK_PORT)/ (Ctrl-C stops the server)"
+	$(BOOK_VENV)/bin/python -m http.server --bind 127.0.0.1 --directory _book/site $(BOOK_PORT)
 
 book-clean:
 	rm -rf $(BOOK_VENV) _book

@@ -145,6 +145,7 @@ def build(root: Path = ROOT, out: Path = OUT, *, quiet: bool = True) -> int:
     """Stage, run Sphinx with warnings as errors, check the result. Returns an exit code."""
     src = out / "src"
     docnames = stage(root, src)
+    shutil.rmtree(out / "site", ignore_errors=True)  # each build as from a clean clone, byte for byte
     code = sphinx(src, out, notebooks=root / "notebooks", quiet=quiet)
     if code:
         print(f"book: Sphinx failed (warnings are errors); sources staged in {src}", file=sys.stderr)

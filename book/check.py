@@ -74,7 +74,8 @@ def stored_outputs(notebook: Path) -> tuple[int, int]:
     """(cells with an output, image outputs) stored in a notebook."""
     nb = json.loads(notebook.read_text(encoding="utf-8"))
     cells = [c for c in nb["cells"] if c.get("cell_type") == "code" and c.get("outputs")]
-    images = sum(1 for c in cells for o in c["outputs"] if any(k.startswith("image/") for k in o.get("data", {})))
+    images = sum(1 for c in cells for o in c["outputs"]
+                 if any(kind.startswith("image/") for kind in o.get("data", {})))
     return len(cells), images
 
 
@@ -118,7 +119,7 @@ def link_problems(site: Path, base: str, page_url: str, hrefs: list[str]) -> lis
 
 
 # Run in the page: images that did not load, links, outputs, and what reaches past the screen.
-PAGE_FACTS = """async () => {
+PAGE_FACTS = r"""async () => {
   const imgs = Array.from(document.images);
   imgs.forEach(i => { i.loading = "eager"; });
   await Promise.all(imgs.map(i => i.complete ? null :
@@ -236,8 +237,8 @@ def _check_page(browser, site: Path, base: str, page_path: Path, notebook: Path 
             for src in facts["broken"]:
                 problems.append(f"image did not load at {label} width: {src}")
             if label == "phone" and (facts["wide"] or facts["pageWidth"] > PHONE["width"] + 1):
-                problems.append(f"wider than a {PHONE['width']} px phone screen (page {facts['pageWidth']} px), "
-                                f"outside any box that scrolls: " + "; ".join(facts["wide"][:5]))
+                problems.append(f"wider than a {PHONE['width']} px phone screen (page {facts['pageWidth']} "
+                                "px), outside any box that scrolls: " + "; ".join(facts["wide"][:5]))
             if shots is not None:
                 page.screenshot(path=str(shots / f"{_name(page_path)}.{label}.png"), full_page=True)
         problems += link_problems(site, base, url, facts["hrefs"])

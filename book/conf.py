@@ -17,7 +17,7 @@ from course_utils import BRANCH, REPO  # noqa: E402  (cheap: no torch)
 
 project = "PyTorch data parallelism, runnable anywhere"
 author = "the course's authors"
-copyright = ""  # noqa: A001  (Sphinx's name; nothing dated, so builds compare equal)
+copyright = ""  # nothing dated, so builds compare equal
 root_doc = "index"
 
 extensions = [
@@ -40,6 +40,7 @@ html_theme = "sphinx_book_theme"
 html_title = project
 html_static_path = ["static"]
 html_css_files = ["course-book.css"]
+html_js_files = ["course-book.js"]
 html_last_updated_fmt = None
 html_show_sphinx = False
 html_use_index = False  # no index entries: an empty page

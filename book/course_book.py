@@ -2,8 +2,8 @@
 
 - Each notebook page opens with its links: "Open in Colab" (the notebook's own badge, its address
   checked against the one built from ``course_utils.REPO`` and ``BRANCH``), the ``.ipynb`` (copied
-  beside the page) and the notebook on GitHub. A notebook without its badge, or with a badge that
-  points elsewhere, is a warning, so the build fails.
+  beside the page) and the notebook on GitHub. A notebook without its badge, or a badge (in a
+  notebook or the README) that points elsewhere, is a warning, so the build fails.
 - The Colab badge image is served from the site (``book/assets/colab-badge.svg``), not fetched.
 - MathJax is served from the site (the pinned ``sphinx-mathjax-offline`` package's files), copied
   only when some page has math.
@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -24,6 +25,7 @@ logger = logging.getLogger(__name__)
 COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
 LOCAL_BADGE = "/_assets/colab-badge.svg"  # staged by build.py; srcdir-relative
 MATHJAX = "mathjax/tex-chtml.js"  # under _static
+_COLAB_LINK = re.compile(r"https://colab\.research\.google\.com/github/.+/notebooks/([^/]+\.ipynb)")
 
 
 def colab_url(repo: str, branch: str, notebook: str) -> str:
@@ -46,12 +48,19 @@ class LocalBadgeAndLinks(SphinxTransform):
             img["uri"] = LOCAL_BADGE
             img["classes"].append("colab-badge")
         docname = self.env.docname
-        if not _is_course_notebook(self.env, docname):
+        config = self.config
+        links = [img.parent for img in badges if isinstance(img.parent, nodes.reference)]
+        if not _is_course_notebook(self.env, docname):  # the README's table: each badge's address
+            for link in links:
+                found = _COLAB_LINK.fullmatch(link.get("refuri", ""))
+                want = found and colab_url(config.course_repo, config.course_branch, found.group(1))
+                if not found or link["refuri"] != want:
+                    logger.warning("a Colab badge points to %s, expected %s (course_utils.REPO and BRANCH)",
+                                   link.get("refuri"), want or "a notebook's address",
+                                   location=link, type="course_book", subtype="badge")
             return
         name = Path(docname).name + ".ipynb"
-        config = self.config
         want = colab_url(config.course_repo, config.course_branch, name)
-        links = [img.parent for img in badges if isinstance(img.parent, nodes.reference)]
         if not links:
             logger.warning("notebook %s has no 'Open in Colab' badge (run nbtools sync)", name,
                            location=docname, type="course_book", subtype="badge")
