@@ -75,7 +75,7 @@ BOOK_VENV  := .venv-book
 BOOK_STAMP := $(BOOK_VENV)/.installed
 CHROMIUM   := /usr/bin/chromium
 BOOK_PORT  ?= 8000
-.PHONY: book book-check book-serve book-clean
+.PHONY: book book-check book-serve book-browser book-clean
 
 $(BOOK_STAMP): requirements-book.txt
 	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else "Python 3.11+ is needed, found %d.%d" % v[:2])'
@@ -83,17 +83,22 @@ $(BOOK_STAMP): requirements-book.txt
 	$(BOOK_VENV)/bin/python -m pip install --quiet -r requirements-book.txt
 	@touch $@
 
-$(CHROMIUM):
-	@if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
-	  echo "make book-check needs Debian's Chromium at $(CHROMIUM), and only root can install it:"; \
-	  echo "  sudo apt-get update && sudo apt-get install -y chromium"; exit 1; fi
-	apt-get update -q
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+# Debian's Chromium, and a font with Korean, Japanese and Chinese (the References quote them) so
+# that the screenshots show what a reader sees. Installed when missing, as root; else what to do.
+book-browser:
+	@missing=""; [ -x $(CHROMIUM) ] || missing=" chromium"; \
+	fc-list :lang=ko 2>/dev/null | grep -q . || missing="$$missing fonts-wqy-microhei"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	    echo "make book-check needs Debian's$$missing, which only root can install:"; \
+	    echo "  sudo apt-get update && sudo apt-get install -y$$missing"; exit 1; fi; \
+	  echo "apt-get install$$missing"; apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q$$missing; \
+	fi
 
 book: $(BOOK_STAMP) ## Build the course as an HTML book in _book/site (open _book/site/index.html)
 	$(BOOK_VENV)/bin/python book/build.py
 
-book-check: book $(CHROMIUM) ## Open every page of the book in headless Chromium (desktop, phone); the book's tests
+book-check: book book-browser ## Open every page of the book in headless Chromium (desktop, phone); the book's tests
 	$(BOOK_VENV)/bin/python book/check.py
 	$(BOOK_VENV)/bin/python -m pytest -o addopts=-ra -p no:cacheprovider -p no:warnings -m book tests/test_book.py
 
