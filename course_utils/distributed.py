@@ -22,7 +22,7 @@ What it takes care of, because a notebook cannot:
   starts once, which imports torch and those modules and does no torch compute, so forking it is
   safe. A rank then starts in a few hundredths of a second. With a GPU (CUDA and fork do not
   mix), on other systems, or with ``start="subprocess"``, every rank is a fresh
-  ``python -m course_utils._rank``.
+  ``python -m course_utils.launcher.rank``.
 - **No port races.** The parent hosts the rendezvous ``TCPStore`` on a port the OS assigns, and
   closes it when the launch ends.
 - **Failures reach you.** If a rank raises, ``launch`` stops the other ranks and raises
@@ -50,12 +50,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import _rank
 from ._checks import check_positive_int, check_seconds
 from .devices import choose_backend
-from .forkserver import Forked, RankProcess, forkserver_context, use_forkserver
-from .processes import RankHandle, RankResult, stacks_of, stop
-from .shipping import serialise_call
+from .launcher import rank as _rank
+from .launcher.forkserver import Forked, RankProcess, forkserver_context, use_forkserver
+from .launcher.processes import RankHandle, RankResult, stacks_of, stop
+from .launcher.shipping import serialise_call
 
 __all__ = ["LaunchTimeout", "RankError", "free_port", "launch", "rank_print"]
 
@@ -208,7 +208,7 @@ def launch(
             else:
                 with open(log, "wb") as out:
                     process = subprocess.Popen(
-                        [sys.executable, "-m", "course_utils._rank", str(workdir), str(rank)],
+                        [sys.executable, "-m", "course_utils.launcher.rank", str(workdir), str(rank)],
                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                         start_new_session=True,
                     )

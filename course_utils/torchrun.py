@@ -21,7 +21,7 @@ from typing import Any
 from ._checks import check_positive_int, check_seconds
 from .devices import emulated_node_env, init_kwargs, local_rank
 from .distributed import LaunchTimeout, free_port
-from .processes import kill_tree
+from .launcher.processes import kill_tree
 
 __all__ = ["TorchrunResult", "init_from_torchrun", "is_log_line", "torchrun", "torchrun_nodes"]
 

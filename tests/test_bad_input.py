@@ -22,6 +22,7 @@ from course_utils import (
     cluster,
     collectives,
     compat,
+    compat_check,
     data,
     ddp_train,
     debug_training,
@@ -33,7 +34,6 @@ from course_utils import (
     env,
     exercises,
     fault_demos,
-    forkserver,
     gpu_check,
     memory,
     models,
@@ -41,7 +41,6 @@ from course_utils import (
     parallel_criterion,
     preflight,
     sharding,
-    shipping,
     show,
     simulated,
     snapshots,
@@ -50,6 +49,7 @@ from course_utils import (
     zero,
 )
 from course_utils.exercises import edition
+from course_utils.launcher import forkserver, shipping
 
 lin = nn.Linear(4, 2)
 
@@ -285,6 +285,10 @@ CASES = [
      ValueError, "expected a notebook file name like '00_x.ipyn"),
     ('nbtools.run_in_memory', lambda: nbtools.run_in_memory({"cells": []}, "no/such/folder", 1.0),
      NotADirectoryError, "folder must be an existing directory"),
+    ('compat_check.check_release', lambda: compat_check.check_release(2.11),
+     ValueError, "TORCH must name one release exactly, like 2.11.0, got 2.11"),
+    ('compat_check.environment_dir', lambda: compat_check.environment_dir("latest"),
+     ValueError, "TORCH must name one release exactly, like 2.11.0, got 'latest'"),
     ('compat.collective_name', lambda: compat.collective_name("all_reduce"),
      ValueError, "name must be one of ['all_gather_single', 'reduce_scatter_single']"),
     ('nbtools.execute_notebook', lambda: nbtools.execute_notebook("missing.ipynb"),
@@ -494,7 +498,9 @@ def test_every_public_callable_has_a_bad_input_case():
         "ddp_train.train_ddp", "collectives.ring_all_reduce", "memory.cuda_peak_bytes",
         "compat.reduce_scatter_single", "compat.all_gather_single",
         # command-line entry points: argparse (test below)
-        "ddp_train.main", "bench.main", "gpu_check.main", "edition.main", "preflight.main",
+        "ddp_train.main", "bench.main", "gpu_check.main", "edition.main", "preflight.main", "compat_check.main",
+        # read an executed notebook, which nbclient made; no arguments
+        "compat_check.verdicts", "compat_check.warnings_in", "forkserver.internals_missing",
         # no arguments, or plain records
         "compat.torch_release", "nbtools.first_line",
         "bench.machine_description", "env.device_report", "gpu_check.environment", "fault_demos.demo_model", "env.in_colab", "distributed.free_port",
@@ -526,6 +532,8 @@ def test_every_public_callable_has_a_bad_input_case():
     names = [(i.name, f"course_utils.{i.name}") for i in pkgutil.iter_modules(course_utils.__path__)]
     names += [(i.name, f"course_utils.exercises.{i.name}") for i in pkgutil.iter_modules(exercises.__path__)
               if not i.name.startswith("nb") and i.name != "core"]  # core: re-exported by exercises
+    launcher = importlib.import_module("course_utils.launcher")
+    names += [(i.name, f"course_utils.launcher.{i.name}") for i in pkgutil.iter_modules(launcher.__path__)]
     for short, dotted in names:
         if short.startswith("_"):
             continue
@@ -545,7 +553,9 @@ def test_every_public_callable_has_a_bad_input_case():
     (bench.main, ["--no-such-option"], "unrecognized arguments: --no-such-option"),
     (gpu_check.main, ["--timeout", "0"], "--timeout and --tests-timeout must be numbers of seconds > 0"),
     (edition.main, [], "the following arguments are required: out_dir"),
-], ids=["ddp_train-type", "ddp_train-missing", "bench-unknown", "gpu_check-timeout", "edition-missing"])
+    (compat_check.main, ["--torch", "2.11"], "TORCH must name one release exactly, like 2.11.0, got '2.11'"),
+], ids=["ddp_train-type", "ddp_train-missing", "bench-unknown", "gpu_check-timeout", "edition-missing",
+        "compat_check-release"])
 def test_command_lines_refuse_bad_arguments_with_usage(main, argv, message, capsys):
     with pytest.raises(SystemExit) as info:
         main(argv)

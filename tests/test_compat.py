@@ -105,7 +105,7 @@ def test_launch_falls_back_to_fresh_interpreters_without_the_fork_servers_intern
 
     import pytest
 
-    from course_utils import forkserver
+    from course_utils.launcher import forkserver
 
     monkeypatch.setattr(forkserver, "cuda_visible", lambda: False)
     monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # as in a kernel

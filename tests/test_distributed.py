@@ -89,7 +89,7 @@ def test_a_hanging_rank_is_stopped_at_the_timeout_and_says_where_it_waits(start)
     assert "in block_in_collective\n    dist.all_reduce(t)" in "\n".join(stacks[0])
     assert stacks[0][-2].endswith("in all_reduce")  # the innermost Python frame: c10d's
     assert stacks[1][-1] == "    time.sleep(3600)" and stacks[1][-2].endswith("in block_in_collective")
-    assert "_rank.py" not in message  # the launcher's own frames are left out
+    assert "launcher/rank.py" not in message  # the launcher's own frames are left out
 
 
 def test_stacks_can_be_left_out_of_a_timeout():
@@ -205,7 +205,7 @@ def test_auto_start_forks_ranks_from_the_server_on_a_cpu_linux_machine():
 
 
 def test_auto_start_keeps_fresh_interpreters_where_forking_is_unsafe(monkeypatch):
-    from course_utils import forkserver
+    from course_utils.launcher import forkserver
 
     assert forkserver.use_forkserver("auto", "nccl") is False
     assert forkserver.use_forkserver("subprocess", "gloo") is False

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_utils import distributed
 from course_utils.distributed import LaunchTimeout, RankError, free_port, launch
-from course_utils.shipping import serialise_call
+from course_utils.launcher.shipping import serialise_call
 
 pytestmark = pytest.mark.usefixtures("nothing_left_behind")
 

@@ -18,7 +18,7 @@ HANG_FRESH_S = 8.0
 
 def run_ranks(fn: Any, world_size: int, *args: Any) -> tuple[list | None, str | None]:
     """:func:`run_on_ranks` with notebook 10's hang limit and hang hint."""
-    from ..forkserver import cuda_visible
+    from ..launcher.forkserver import cuda_visible
 
     timeout_s = HANG_FRESH_S if cuda_visible() else HANG_S
     return run_on_ranks(fn, world_size, *args, timeout_s=timeout_s, hang_hint=(

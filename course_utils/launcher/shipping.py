@@ -20,7 +20,7 @@ from typing import Any
 
 import cloudpickle
 
-from ._checks import type_name
+from .._checks import type_name
 
 __all__ = ["serialise_call"]
 

@@ -1,6 +1,6 @@
 """The rank processes of ``launch``: their results, their output, stopping them, their stacks.
 
-Shared by the launcher (``course_utils.distributed``), the rank side (``course_utils._rank``,
+Shared by the launcher (``course_utils.distributed``), the rank side (``course_utils.launcher.rank``,
 which writes a :class:`RankResult`) and the torchrun wrappers (``kill_tree``). Every wait here
 has a named limit.
 """
@@ -171,14 +171,14 @@ _FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
 
 def format_stack(dump: str) -> list[str]:
     """A faulthandler dump as traceback lines: most recent call last, with the source lines,
-    without the launcher's own frames (``_rank.run`` and what calls it)."""
+    without the launcher's own frames (``rank.run`` and what calls it)."""
     threads: list[list[tuple[str, int, str]]] = []
     for line in dump.splitlines():
         if line.startswith(("Current thread", "Thread", "Stack")):
             threads.append([])
         elif threads and (match := _FRAME.match(line)):
             threads[-1].append((match.group(1), int(match.group(2)), match.group(3)))
-    rank_file = os.path.normcase(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_rank.py"))
+    rank_file = os.path.normcase(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank.py"))
     lines = []
     for frames in threads:  # each thread's frames: most recent call first
         own = [i for i, (path, _, _) in enumerate(frames)

@@ -21,7 +21,7 @@ __all__ = ["PRELOAD", "Forked", "RankProcess", "cuda_visible", "forkserver_conte
 #: What the fork server imports once, so that a forked rank need not: torch, c10d, and what
 #: DDP's first construction imports lazily (torch._dynamo, about 1.5 s on its own).
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "cloudpickle",
-            "course_utils._rank", "course_utils.distributed"]
+            "course_utils.launcher.rank", "course_utils.distributed"]
 
 
 def use_forkserver(start: str, backend: str) -> bool:
@@ -107,7 +107,7 @@ else:
         multiprocessing's children import the parent's ``__main__`` again (a script run by path
         runs once more, as ``__mp_main__``; a kernel imports ``ipykernel_launcher``), so that
         functions pickled by reference from ``__main__`` can be found. A rank needs none of that:
-        ``fn`` comes by value in ``payload.pkl``, and the target is ``_rank.forked``. Leaving it
+        ``fn`` comes by value in ``payload.pkl``, and the target is ``rank.forked``. Leaving it
         out lets a script without an ``if __name__ == "__main__":`` guard run once, and saves the
         import. (The preparation data is built by ``spawn.get_preparation_data``; it is replaced
         for the moment of the start.)

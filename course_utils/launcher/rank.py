@@ -1,7 +1,7 @@
 """What each rank of ``distributed.launch`` runs, in a process of its own.
 
 A rank starts one of two ways: forked by the fork server (``forked``, the fast way on Linux),
-or as a fresh interpreter, ``python -m course_utils._rank WORKDIR RANK`` (``main``). Either way
+or as a fresh interpreter, ``python -m course_utils.launcher.rank WORKDIR RANK`` (``main``). Either way
 it reads the launch's payload (plain pickle around ``fn`` and ``args`` in cloudpickle's form, which
 plain ``pickle`` loads), joins the process group unless ``init`` is ``False`` (then ``fn`` makes its
 own), runs ``fn(rank, world_size, *args)`` and writes a ``processes.RankResult`` (the value, or the
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from course_utils._checks import type_name
-from course_utils.processes import RankResult
+from course_utils.launcher.processes import RankResult
 
 #: the file faulthandler writes this rank's stack to on SIGUSR1; open until the process ends
 _stack_file: IO[str] | None = None
@@ -110,7 +110,7 @@ def forked(workdir: str, rank: int, env: dict[str, str]) -> None:
 
 
 def main() -> None:
-    """Entry point of a rank started as ``python -m course_utils._rank WORKDIR RANK``."""
+    """Entry point of a rank started as ``python -m course_utils.launcher.rank WORKDIR RANK``."""
     os._exit(run(Path(sys.argv[1]), int(sys.argv[2])))
 
 
