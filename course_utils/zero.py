@@ -64,15 +64,15 @@ class CommLog:
 
     def all_reduce(self, tensor: torch.Tensor) -> None:
         n = dist.get_world_size()
-        self._log("all_reduce", ring_bytes_per_rank(tensor.numel() * tensor.element_size(), n))
+        self._log("all_reduce", ring_bytes_per_rank(tensor.nbytes, n))
         dist.all_reduce(tensor)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor) -> None:  # noqa: A002
-        self._log("reduce_scatter", (dist.get_world_size() - 1) * output.numel() * output.element_size())
+        self._log("reduce_scatter", (dist.get_world_size() - 1) * output.nbytes)
         reduce_scatter_single(output, input)  # its name differs between releases: see compat
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:  # noqa: A002
-        self._log("all_gather", (dist.get_world_size() - 1) * input.numel() * input.element_size())
+        self._log("all_gather", (dist.get_world_size() - 1) * input.nbytes)
         all_gather_single(output, input)
 
 
@@ -229,11 +229,11 @@ class ZeroByHand:
         """
         params = sum(u.flat.untyped_storage().nbytes() for u in self.units)
         if self.stage == 3:
-            params += sum(u.shard.numel() * u.shard.element_size() for u in self.units)
+            params += sum(u.shard.nbytes for u in self.units)
         storages = {}
         for t in [p.grad for u in self.units for p in u.params] + [u.shard.grad for u in self.units]:
             if t is not None:
                 storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        state = sum(v.numel() * v.element_size() for p, s in self.optimizer.state.items()
+        state = sum(v.nbytes for p, s in self.optimizer.state.items()
                     for v in s.values() if torch.is_tensor(v) and v.shape == p.shape)
         return {"parameters": params, "gradients": sum(storages.values()), "optimizer state": state}

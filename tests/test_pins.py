@@ -7,41 +7,35 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PIN = re.compile(r"^([A-Za-z0-9_.\-\[\]]+)==([^\s;=<>~!]+)$")
+def _exact_pins(lines: list[str], where: str) -> dict[str, str]:
+    """``{name: version}`` of requirement lines, each of which must pin one exact version."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
-
-def requirement_pins() -> dict[str, str]:
-    pins = {}
-    for raw in (ROOT / "requirements.txt").read_text().splitlines():
-        line = raw.split("#")[0].strip()
-        if not line:
-            continue
-        match = PIN.match(line)
-        assert match, f"requirements.txt: {line!r} is not an exact pin (name==version)"
-        name = match.group(1).lower().replace("_", "-")
-        assert name not in pins, f"requirements.txt pins {name} twice"
-        pins[name] = match.group(2)
+    pins: dict[str, str] = {}
+    for line in lines:
+        req = Requirement(line)
+        specs = list(req.specifier)
+        assert len(specs) == 1 and specs[0].operator == "==", f"{where}: {line!r} is not an exact pin"
+        name = canonicalize_name(req.name)
+        assert name not in pins, f"{where} pins {name} twice"
+        pins[name] = specs[0].version
     return pins
 
 
+def requirement_pins() -> dict[str, str]:
+    lines = [raw.split("#")[0].strip() for raw in (ROOT / "requirements.txt").read_text().splitlines()]
+    return _exact_pins([line for line in lines if line], "requirements.txt")
+
+
 def environment_pins() -> tuple[dict[str, str], list[str]]:
-    text = (ROOT / "environment.yml").read_text()
-    conda, pip, in_pip = [], {}, False
-    for raw in text.splitlines():
-        line = raw.split("#")[0].rstrip()
-        if re.match(r"^\s+- pip:\s*$", line):
-            in_pip = True
-            continue
-        item = re.match(r"^(\s+)- (\S.*)$", line)
-        if not item:
-            continue
-        if in_pip and len(item.group(1)) > 4:
-            name, _, ver = item.group(2).partition("==")
-            pip[name.strip().lower().replace("_", "-")] = ver.strip()
-        else:
-            in_pip = False
-            conda.append(item.group(2).strip())
-    return pip, conda
+    import yaml
+
+    dependencies = yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
+    conda = [d for d in dependencies if isinstance(d, str)]
+    pip = [d for d in dependencies if isinstance(d, dict) and "pip" in d]
+    assert len(pip) == 1, "environment.yml: expected one pip section"
+    return _exact_pins(pip[0]["pip"], "environment.yml"), conda
 
 
 def test_torch_is_pinned_exactly():
