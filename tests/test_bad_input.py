@@ -511,6 +511,7 @@ def test_every_public_callable_has_a_bad_input_case():
         "sharding.ShardedLedger", "zero.CommLog",
         # no arguments, or a context manager (tests/test_devices.py)
         "devices.gpu_count", "devices.local_rank", "devices.rank_device", "devices.DeviceAudit",
+        "exercises.untimed",
         # run inside a process group, kill their own process, or record only inside record_memory()
         "ddp_train.resume", "fault_demos.kill_myself", "simulated.note_memory",
         # the launcher's machinery: given processes and files by launch, never a user's arguments;

@@ -149,7 +149,9 @@ def test_bad_exercise_definitions_are_refused():
                             ({"kind": "guess"}, "kind must be one of"),
                             ({"answer": "a b"}, "answer must be the name"),
                             ({"wrong": (("a = 2", "x"),)}, "at least two"),
-                            ({"solution": "a = ..."}, "the solution is the starter")]:
+                            ({"solution": "a = ..."}, "the solution is the starter"),
+                            ({"time_limit": 0}, "time_limit must be seconds"),
+                            ({"time_limit": True}, "time_limit must be seconds")]:
         with pytest.raises(ValueError, match=message):
             Exercise(**{**good, **change})
 

@@ -7,7 +7,9 @@ A notebook asks a question in a markdown cell, gives an answer cell to fill in (
     check("02.1", rows_on_device_0)
 
 ``check`` says whether the answer is right, gives a hint aimed at the likely mistake when it is
-not, reads "not attempted yet" while the answer cell is as shipped, and never raises.
+not, reads "not attempted yet" while the answer cell is as shipped, and never raises. It comes
+back within the exercise's time limit (a few seconds) whatever the answer does: an answer that
+never finishes is stopped, and the hint says so.
 ``progress("02")`` lists which of a notebook's exercises pass.
 
 Each notebook's exercises are defined in one place: their content (the answer cell as shipped,
@@ -19,6 +21,7 @@ every solution passes and every listed wrong answer gets its hint.
 
 from .core import (
     KINDS,
+    TIME_LIMIT_S,
     Exercise,
     Verdict,
     bank,
@@ -29,8 +32,9 @@ from .core import (
     progress,
     run_on_ranks,
     run_source,
+    untimed,
     verdict,
 )
 
-__all__ = ["KINDS", "Exercise", "Verdict", "bank", "check", "find", "hint_from_ranks", "load_bank",
-           "progress", "run_on_ranks", "run_source", "verdict"]
+__all__ = ["KINDS", "TIME_LIMIT_S", "Exercise", "Verdict", "bank", "check", "find", "hint_from_ranks",
+           "load_bank", "progress", "run_on_ranks", "run_source", "untimed", "verdict"]

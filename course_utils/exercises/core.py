@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import linecache
 import pkgutil
 import re
+import signal
+import threading
+import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["KINDS", "Exercise", "Verdict", "bank", "check", "find", "hint_from_ranks", "load_bank",
-           "progress", "run_on_ranks", "run_source", "verdict"]
+__all__ = ["KINDS", "TIME_LIMIT_S", "Exercise", "Verdict", "bank", "check", "find", "hint_from_ranks",
+           "load_bank", "progress", "run_on_ranks", "run_source", "untimed", "verdict"]
 
 #: predict: write a number or shape down before running; fix: repair a cell broken on purpose;
 #: implement: write a small piece of the lesson.
@@ -30,6 +34,10 @@ _TODO = {
 #: What ``check`` found, by exercise key, in this Python session (``progress`` reads it).
 _RESULTS: dict[str, Verdict] = {}
 
+#: How long, by default, a check lets the learner's code run (seconds). Time on ranks (which have
+#: the launch timeout) and what a judge computes from the course alone (``untimed``) do not count.
+TIME_LIMIT_S = 5.0
+
 
 @dataclass(frozen=True)
 class Exercise:
@@ -39,6 +47,8 @@ class Exercise:
     (never the solution). ``wrong`` lists answer-cell sources that learners commonly write, each
     with a fragment of the hint it must get. ``context`` is the code that the answer cell relies
     on from the notebook (imports, names); the tests run it before each answer source.
+    ``time_limit`` is how many seconds the check lets the answer run before it stops it (see
+    :func:`untimed`).
     """
 
     key: str
@@ -50,6 +60,7 @@ class Exercise:
     judge: Callable[[Any], str | None]
     wrong: tuple[tuple[str, str], ...] = ()
     context: str = ""
+    time_limit: float = TIME_LIMIT_S
     notebook: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -65,6 +76,10 @@ class Exercise:
         for name in ("title", "starter", "solution", "context"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"{name} must be a str, got {type(getattr(self, name)).__name__}")
+        limit = self.time_limit
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit <= 600:
+            raise ValueError(f"exercise {self.key}: time_limit must be seconds, more than 0 and at most "
+                             f"600, got {limit!r}")
         if self.starter.strip() == self.solution.strip():
             raise ValueError(f"exercise {self.key}: the solution is the starter")
         wrong = tuple(tuple(w) for w in self.wrong)
@@ -199,9 +214,166 @@ def _unattempted(ex: Exercise, answer: Any) -> bool:
     return fingerprint is not None and fingerprint == _starter_fingerprint(ex)
 
 
+class _Stopped(BaseException):
+    """Raised inside the learner's code when a check's time runs out. A BaseException, so that an
+    answer's own ``except Exception`` does not swallow it."""
+
+
+class _Limit:
+    """The time limit of the check in progress: a clock that ``untimed`` can pause."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.used = 0.0  # timed seconds so far
+        self.paused = 0  # depth of untimed blocks
+        self.since = 0.0  # when the clock last started
+        self.armed = False  # while True, running out raises _Stopped in the learner's code
+        self.alarm = False  # SIGALRM does the stopping (else a watchdog, see _run_in_thread)
+        self.thread = threading.get_ident()  # the thread that runs the judge
+
+    def left(self) -> float:
+        running = 0.0 if self.paused else time.monotonic() - self.since
+        return self.seconds - self.used - running
+
+    def start(self) -> None:
+        self.since = time.monotonic()
+        if self.alarm:
+            # repeat every 0.2 s: an answer that catches the first stop is stopped again
+            signal.setitimer(signal.ITIMER_REAL, max(self.left(), 0.001), 0.2)
+
+    def stop(self) -> None:
+        if self.alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        self.used += time.monotonic() - self.since
+
+
+_LIMIT: _Limit | None = None  # the check in progress (checks run one at a time)
+_LAST: _Limit | None = None  # the last check's clock (the tests read how long it took)
+
+
+@contextlib.contextmanager
+def untimed() -> Iterator[None]:
+    """Inside a judge: what runs in this block does not count against the check's time limit.
+
+    For work that needs no limit: the course's own reference computations, and ranks, which
+    ``run_on_ranks`` runs with the launch timeout. Never wrap the learner's code in it.
+    """
+    limit = _LIMIT
+    if limit is None or not limit.armed or threading.get_ident() != limit.thread:
+        yield  # no check in progress, or another thread (a replica's, the kernel's)
+        return
+    if not limit.paused:
+        limit.stop()
+    limit.paused += 1
+    try:
+        yield
+    finally:
+        limit.paused -= 1
+        if not limit.paused:
+            limit.start()
+
+
+def _guarded(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``: the one frame under which a check's time limit may stop the code running."""
+    return fn(*args)
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    """SIGALRM: raise _Stopped, but only inside the judge's call (never in the check's own clean-up,
+    whatever instruction the signal lands on)."""
+    limit = _LIMIT
+    if limit is None or not limit.armed or limit.paused:
+        return
+    while frame is not None:
+        if frame.f_code is _guarded.__code__:
+            raise _Stopped
+        frame = frame.f_back
+
+
+def _alarm_usable() -> bool:
+    """SIGALRM can stop the answer: POSIX, the main thread (where Python runs signal handlers; a
+    Jupyter kernel runs cells there), and nobody else's alarm or handler in place."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        return False
+    return (signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+            and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None))
+
+
+def _run_in_thread(limit: _Limit, fn: Callable[..., Any], *args: Any) -> Any:
+    """Where signals cannot stop the answer (Windows, or a check called outside the main thread):
+    run it in a thread and, when the time runs out, raise _Stopped in that thread between two of
+    its Python instructions. An answer stuck inside one long C call (a huge matrix product, a
+    blocking read) cannot be stopped that way: the check still comes back with its hint, and the
+    thread finishes in the background."""
+    import ctypes
+
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        limit.thread = threading.get_ident()
+        try:
+            outcome["value"] = _guarded(fn, *args)
+        except BaseException as err:  # noqa: BLE001 - handed to the caller as it is
+            outcome["error"] = err
+
+    worker = threading.Thread(target=target, name="exercise-check", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.02)
+        if worker.is_alive() and not limit.paused and limit.left() <= 0:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident),
+                                                       ctypes.py_object(_Stopped))
+            worker.join(1.0)
+            raise _Stopped
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def _within_limit(seconds: float, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, stopped with _Stopped once it has run ``seconds`` (untimed blocks excluded)."""
+    global _LIMIT, _LAST
+    import builtins
+
+    limit = _LIMIT = _LAST = _Limit(seconds)
+    limit.alarm = _alarm_usable()
+    previous = signal.signal(signal.SIGALRM, _on_alarm) if limit.alarm else None
+    real_import = builtins.__import__
+
+    def untimed_import(*args: Any, **kwargs: Any) -> Any:
+        """Imports are not the learner's code, and a stop in the middle of one would leave a module
+        half-initialised for the rest of the session: they run untimed."""
+        with untimed():
+            return real_import(*args, **kwargs)
+
+    builtins.__import__ = untimed_import
+    try:
+        limit.armed = True
+        limit.start()
+        if limit.alarm:
+            return _guarded(fn, *args)
+        return _run_in_thread(limit, fn, *args)
+    finally:
+        limit.armed = False
+        if limit.alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        if builtins.__import__ is untimed_import:
+            builtins.__import__ = real_import
+        if not limit.paused:
+            limit.used += time.monotonic() - limit.since
+        _LIMIT = None
+
+
+def _timeout_hint(ex: Exercise) -> str:
+    where = "working out your answer's value" if ex.kind == "predict" else f"running {ex.answer}"
+    return (f"the check stopped {where} after {ex.time_limit:g} s, unfinished: look for a loop that "
+            f"never ends (a condition that never changes), or far more work than the check needs")
+
+
 def verdict(key: str | Exercise, answer: Any) -> Verdict:
     """Judge ``answer`` to exercise ``key`` (or to an :class:`Exercise`) without printing; never
-    raises for a wrong answer."""
+    raises for a wrong answer, and comes back within the exercise's ``time_limit``."""
     ex = key if isinstance(key, Exercise) else find(key)
     if _unattempted(ex, answer):
         return Verdict(ex.key, ex.kind, "not attempted yet", _TODO[ex.kind])
@@ -209,9 +381,11 @@ def verdict(key: str | Exercise, answer: Any) -> Verdict:
         return Verdict(ex.key, ex.kind, "not yet",
                        f"{ex.answer} must stay a function, got {type(answer).__name__}")
     try:
-        hint = ex.judge(answer)
+        hint = _within_limit(ex.time_limit, ex.judge, answer)
     except NotImplementedError:
         return Verdict(ex.key, ex.kind, "not attempted yet", _TODO[ex.kind])
+    except _Stopped:
+        hint = _timeout_hint(ex)
     except Exception as err:  # the learner's code failed inside the check: say how, do not raise
         detail = str(err).strip().splitlines()
         hint = f"running your answer raised {type(err).__name__}" + (f": {detail[0]}" if detail else "")
@@ -284,8 +458,9 @@ def run_on_ranks(rank_fn: Callable[..., Any], world_size: int, *args: Any, hang_
     from ..distributed import LaunchTimeout, RankError, launch
 
     try:
-        return launch(rank_fn, world_size, *args, echo=False, timeout_s=timeout_s, stacks=False,
-                      backend="gloo"), None
+        with untimed():  # the ranks have the launch timeout
+            return launch(rank_fn, world_size, *args, echo=False, timeout_s=timeout_s, stacks=False,
+                          backend="gloo"), None
     except LaunchTimeout:
         return None, hang_hint
     except RankError as err:

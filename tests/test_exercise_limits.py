@@ -1,0 +1,197 @@
+"""Every check comes back, with a hint, within its exercise's time limit, whatever the answer does:
+an answer that loops forever (a function whose body is `while True: pass`, or a predicted value
+whose comparisons loop) is stopped; a right answer is not; the time spent on ranks, which have the
+launch timeout, and the course's own reference computations do not count."""
+
+import dataclasses
+import signal
+import threading
+import time
+
+import pytest
+
+import course_utils.distributed
+from course_utils.exercises import bank, core, find, run_source, untimed, verdict
+
+ALL = bank("all")
+#: seconds a check may take beyond its limit (the stop lands between two instructions)
+MARGIN_S = 1.0
+#: the tests run every looping answer with this limit: the mechanism is the same for any limit
+SHORT_S = 0.5
+
+
+def _looping_function(ex) -> str:
+    return f"def {ex.answer}(*args, **kwargs):\n    while True:\n        pass\n"
+
+
+def _loop(*args):
+    while True:
+        pass
+
+
+_DUNDERS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__len__", "__iter__",
+            "__getitem__", "__contains__", "__bool__", "__int__", "__float__", "__index__", "__abs__",
+            "__neg__", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
+            "__rtruediv__", "__floordiv__", "__mod__", "__round__", "__repr__", "__str__", "__format__",
+            "strip", "lower")
+
+
+def _looping_value(solution_value):
+    """A value of the solution's type whose every comparison, conversion and method loops: what a
+    prediction computed by a function that never returns hands the check."""
+    base = type(solution_value)
+    if base is bool:
+        base = int
+    loops = {name: _loop for name in _DUNDERS if hasattr(base, name)}
+    loops["__hash__"] = base.__hash__
+    return type(f"Looping{base.__name__.title()}", (base,), loops)(base())
+
+
+def _solution_value(ex):
+    namespace: dict = {}
+    exec(ex.context + "\n" + ex.solution, namespace)
+    return namespace[ex.answer]
+
+
+class _RanksNotWanted(Exception):
+    """Raised instead of launching ranks: a check that runs ranks has the launch timeout."""
+
+
+def _timed_verdict(ex, answer, monkeypatch):
+    def no_ranks(*args, **kwargs):
+        raise _RanksNotWanted
+
+    monkeypatch.setattr(course_utils.distributed, "launch", no_ranks)
+    start = time.monotonic()
+    result = verdict(ex, answer)
+    return result, time.monotonic() - start
+
+
+def _namespace(ex, src):
+    return core._execute(ex, src, "answer")[ex.answer]
+
+
+@pytest.mark.parametrize("ex", ALL, ids=[ex.key for ex in ALL])
+def test_a_check_stops_an_answer_that_loops_forever(ex, monkeypatch):
+    short = dataclasses.replace(ex, time_limit=SHORT_S)
+    if ex.kind == "predict":
+        answer = _looping_value(_solution_value(ex))
+    else:
+        answer = _namespace(ex, _looping_function(ex))
+    result, seconds = _timed_verdict(short, answer, monkeypatch)
+    if "_RanksNotWanted" in result.hint:
+        pytest.skip("the answer runs on ranks, which have the launch timeout")
+    assert result.status == "not yet", str(result)
+    assert core._LAST.used < SHORT_S + MARGIN_S, (core._LAST.used, str(result))
+    assert seconds < 20, "imports and the course's own reference computations (untimed) took this long"
+    if ex.kind != "predict":  # a value's judge may refuse it before touching what loops
+        assert "stopped" in result.hint and "loop" in result.hint, result.hint
+
+
+def test_the_stop_comes_at_the_exercise_own_limit():
+    ex = find("02.2")
+    start = time.monotonic()
+    result = verdict(ex, _namespace(ex, _looping_function(ex)))
+    seconds = time.monotonic() - start
+    assert ex.time_limit - 0.05 <= seconds < ex.time_limit + MARGIN_S
+    assert f"after {ex.time_limit:g} s" in result.hint
+
+
+def test_an_answer_that_catches_exceptions_is_stopped_all_the_same():
+    ex = dataclasses.replace(find("02.2"), time_limit=SHORT_S)
+    src = ("def chunk_sizes(batch, devices):\n    while True:\n        try:\n            time.sleep(1)\n"
+           "        except Exception:\n            pass\n")
+    start = time.monotonic()
+    result = verdict(ex, _namespace(ex, "import time\n" + src))
+    assert time.monotonic() - start < SHORT_S + MARGIN_S
+    assert "stopped" in result.hint
+
+
+def test_outside_the_main_thread_the_check_stops_the_answer_too():
+    """Where signals cannot be used (Windows; a check run outside the main thread), a watchdog
+    raises the stop in the thread that runs the answer."""
+    ex = dataclasses.replace(find("02.2"), time_limit=SHORT_S)
+    answer = _namespace(ex, _looping_function(ex))
+    found = []
+    worker = threading.Thread(target=lambda: found.append((verdict(ex, answer), core._LAST.alarm)))
+    start = time.monotonic()
+    worker.start()
+    worker.join(10)
+    assert time.monotonic() - start < SHORT_S + MARGIN_S
+    result, used_alarm = found[0]
+    assert not used_alarm and "stopped" in result.hint
+    solution = _namespace(ex, ex.solution)
+    worker = threading.Thread(target=lambda: found.append(verdict(ex, solution)))
+    worker.start()
+    worker.join(10)
+    assert found[-1].right
+
+
+def test_a_check_leaves_no_alarm_and_no_handler_behind():
+    before = signal.getsignal(signal.SIGALRM)
+    for ex in ALL[:12]:
+        run_source(ex.key, ex.solution)
+        run_source(ex.key, ex.wrong[0][0])
+    assert signal.getsignal(signal.SIGALRM) is before
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert core._LIMIT is None
+
+
+def test_someone_else_s_alarm_is_left_alone():
+    """With another handler in place the check uses the watchdog instead, and the handler stays."""
+    ex = dataclasses.replace(find("02.2"), time_limit=SHORT_S)
+    seen = []
+    previous = signal.signal(signal.SIGALRM, lambda *args: seen.append("theirs"))
+    try:
+        result = verdict(ex, _namespace(ex, _looping_function(ex)))
+        assert "stopped" in result.hint and not core._LAST.alarm
+        assert signal.getsignal(signal.SIGALRM) is not core._on_alarm
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_time_on_ranks_and_in_untimed_blocks_does_not_count():
+    def judge(answer):
+        with untimed():
+            time.sleep(3 * SHORT_S)  # the course's own work, or ranks
+        return answer()
+
+    ex = core.Exercise(key="99.7", kind="implement", title="t", answer="f",
+                       starter="def f():\n    raise NotImplementedError\n",
+                       solution="def f():\n    return None\n", judge=judge, time_limit=SHORT_S,
+                       wrong=(("def f():\n    return 1\n", "x"), ("def f():\n    return 2\n", "y")))
+    assert verdict(ex, lambda: None).right
+    assert core._LAST.used < SHORT_S
+    assert "stopped" in verdict(ex, _loop).hint
+
+
+@pytest.mark.parametrize("ex", ALL, ids=[ex.key for ex in ALL])
+def test_a_right_answer_is_far_from_its_limit(ex):
+    """The reference solution's check uses at most a quarter of the limit, first call included
+    (a slower machine, or one busy with other work, must not cut a right answer off)."""
+    result = run_source(ex.key, ex.solution)
+    assert result.right, str(result)
+    assert core._LAST.used < ex.time_limit / 4, (core._LAST.used, ex.time_limit)
+
+
+def test_in_a_jupyter_kernel_the_alarm_stops_the_answer(tmp_path):
+    """A notebook's cells run in the kernel's main thread, where SIGALRM can stop the answer; the
+    kernel stays usable after the check."""
+    import nbformat
+
+    from course_utils.nbtools import run_in_memory
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
+        "import dataclasses, time\nfrom course_utils.exercises import core, find, verdict",
+        "def chunk_sizes(batch, devices):\n    while True:\n        pass",
+        f"start = time.monotonic()\n"
+        f"result = verdict(dataclasses.replace(find('02.2'), time_limit={SHORT_S}), chunk_sizes)\n"
+        "print(round(time.monotonic() - start, 1), core._LAST.alarm, result.hint[:30])",
+        "print(verdict('02.2', lambda b, d: [min(-(-b // d), b - s) for s in range(0, b, -(-b // d))]))",
+    )])
+    error, _ = run_in_memory(nb, tmp_path, timeout_s=120)
+    assert error == "", error
+    seconds, used_alarm, hint = nb.cells[2].outputs[0]["text"].split(" ", 2)
+    assert float(seconds) < SHORT_S + MARGIN_S and used_alarm == "True", nb.cells[2].outputs
+    assert hint.startswith("the check stopped")
+    assert "(implement): right" in nb.cells[3].outputs[0]["text"]
