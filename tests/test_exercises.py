@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils.exercises import Exercise, bank, check, find, load_bank, progress, run_source, verdict
+from course_utils.exercises import Exercise, bank, check, core, find, load_bank, progress, run_source, verdict
 from course_utils.exercises.edition import BANNER, answer_key, build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +38,33 @@ def test_every_listed_wrong_answer_gets_its_hint(ex):
         result = run_source(ex.key, source)
         assert result.status == "not yet", (source, str(result))
         assert fragment in result.hint, (source, str(result))
+
+
+@pytest.mark.parametrize("ex", ALL, ids=IDS)
+def test_every_also_right_answer_is_right(ex):
+    for source in ex.also_right:
+        result = run_source(ex.key, source)
+        assert result.status == "right", (source, str(result))
+
+
+#: Every bank but those still pending (core._TEACHES_PENDING) states what each exercise teaches
+#: and lists right answers other than the solution.
+AUDITED = [ex for ex in ALL if f"course_utils.exercises.nb{ex.notebook}" not in core._TEACHES_PENDING]
+
+
+@pytest.mark.parametrize("ex", AUDITED, ids=[ex.key for ex in AUDITED])
+def test_every_exercise_says_what_it_teaches_and_accepts_other_right_answers(ex):
+    assert ex.teaches.strip(), ex.key
+    assert ex.teaches.rstrip().endswith(".") and ex.teaches.count(". ") == 0, ex.teaches  # one sentence
+    assert ex.also_right, f"{ex.key}: no also_right answers"
+    assert all(src.strip() != ex.solution.strip() for src in ex.also_right)
+
+
+def test_only_the_pending_banks_may_leave_out_what_they_teach():
+    pending = {name[-2:] for name in core._TEACHES_PENDING}
+    without = {ex.notebook for ex in ALL if not ex.teaches.strip()}
+    assert without == pending, ("remove from core._TEACHES_PENDING the banks that now say what their "
+                                f"exercises teach: {sorted(pending - without)}")
 
 
 PREDICT = [ex for ex in ALL if ex.kind == "predict"]
@@ -116,21 +143,39 @@ def test_a_fix_or_implement_answered_with_a_value_is_told_to_stay_a_function(ex)
     assert (result.status, result.hint) == ("not yet", f"{ex.answer} must stay a function, got int")
 
 
-def test_a_bank_file_that_names_a_missing_judge_is_refused(tmp_path, monkeypatch):
-    module = types.ModuleType("course_utils.exercises.nb99")
-    module.__file__ = str(tmp_path / "nb99.py")
+#: one exercise's entry in a bank file, for the loader's tests
+_ENTRY = ('[[exercise]]\nkey = "{number}.1"\nkind = "predict"\ntitle = "t"\nanswer = "a"\n{teaches}'
+          'judge = "{judge}"\nstarter = "a = ..."\nsolution = "a = 1"\n'
+          '[[exercise.wrong]]\nsource = "a = 2"\nhint = "x"\n'
+          '[[exercise.wrong]]\nsource = "a = 3"\nhint = "y"\n'
+          '[[exercise.also_right]]\nsource = "a = 1.0"\n')
+
+
+def _bank_module(tmp_path, monkeypatch, number):
+    """A bank module nbNN (not a file: registered as imported), whose .toml the test writes."""
+    module = types.ModuleType(f"course_utils.exercises.nb{number}")
+    module.__file__ = str(tmp_path / f"nb{number}.py")
     module._judge_known = lambda answer: None
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    entry = ('[[exercise]]\nkey = "99.1"\nkind = "predict"\ntitle = "t"\nanswer = "a"\n'
-             'judge = "{judge}"\nstarter = "a = ..."\nsolution = "a = 1"\n'
-             '[[exercise.wrong]]\nsource = "a = 2"\nhint = "x"\n'
-             '[[exercise.wrong]]\nsource = "a = 3"\nhint = "y"\n')
-    (tmp_path / "nb99.toml").write_text(entry.format(judge="_judge_known"))
+    return module, tmp_path / f"nb{number}.toml"
+
+
+def test_a_bank_file_that_names_a_missing_judge_is_refused(tmp_path, monkeypatch):
+    module, toml = _bank_module(tmp_path, monkeypatch, "99")
+    toml.write_text(_ENTRY.format(number="99", teaches='teaches = "Counting."\n', judge="_judge_known"))
     [ex] = load_bank(module.__name__)
     assert (ex.key, ex.judge, ex.wrong) == ("99.1", module._judge_known, (("a = 2", "x"), ("a = 3", "y")))
-    (tmp_path / "nb99.toml").write_text(entry.format(judge="_judge_typo"))
+    assert (ex.teaches, ex.also_right, ex.time_limit) == ("Counting.", ("a = 1.0",), core.TIME_LIMIT_S)
+    toml.write_text(_ENTRY.format(number="99", teaches='teaches = "Counting."\n', judge="_judge_typo"))
     with pytest.raises(ValueError, match="exercise 99.1 names judge '_judge_typo', which "
                                          "course_utils.exercises.nb99 does not define"):
+        load_bank(module.__name__)
+
+
+def test_a_bank_file_that_does_not_say_what_an_exercise_teaches_is_refused(tmp_path, monkeypatch):
+    module, toml = _bank_module(tmp_path, monkeypatch, "98")
+    toml.write_text(_ENTRY.format(number="98", teaches="", judge="_judge_known"))
+    with pytest.raises(ValueError, match="exercise 98.1 does not say what it teaches"):
         load_bank(module.__name__)
 
 
@@ -154,6 +199,10 @@ def test_bad_exercise_definitions_are_refused():
                             ({"time_limit": True}, "time_limit must be seconds")]:
         with pytest.raises(ValueError, match=message):
             Exercise(**{**good, **change})
+    with pytest.raises(TypeError, match="also_right must list answer-cell sources"):
+        Exercise(**{**good, "also_right": (3,)})
+    with pytest.raises(TypeError, match="teaches must be a str"):
+        Exercise(**{**good, "teaches": None})
 
 
 def test_the_solutions_edition_replaces_exactly_the_answer_cells(tmp_path):

@@ -38,17 +38,22 @@ _RESULTS: dict[str, Verdict] = {}
 #: the launch timeout) and what a judge computes from the course alone (``untimed``) do not count.
 TIME_LIMIT_S = 5.0
 
+#: Banks whose owners have yet to say what each exercise teaches (issue 27); the loader requires
+#: ``teaches`` of every other bank. Remove a bank from here once its .toml has the field.
+_TEACHES_PENDING = frozenset(f"course_utils.exercises.nb{n:02d}" for n in range(1, 11))
+
 
 @dataclass(frozen=True)
 class Exercise:
     """One exercise: the answer cell as shipped, its reference solution, and how it is judged.
 
     ``judge(answer)`` returns None when the answer is right, else a hint aimed at the mistake
-    (never the solution). ``wrong`` lists answer-cell sources that learners commonly write, each
-    with a fragment of the hint it must get. ``context`` is the code that the answer cell relies
-    on from the notebook (imports, names); the tests run it before each answer source.
-    ``time_limit`` is how many seconds the check lets the answer run before it stops it (see
-    :func:`untimed`).
+    (never the solution, nor the value or formula asked for). ``teaches`` says in one sentence
+    what the exercise practises. ``wrong`` lists answer-cell sources that learners commonly
+    write, each with a fragment of the hint it must get; ``also_right`` lists right answers that
+    differ from the solution. ``context`` is the code that the answer cell relies on from the
+    notebook (imports, names); the tests run it before each answer source. ``time_limit`` is how
+    many seconds the check lets the answer run before it stops it (see :func:`untimed`).
     """
 
     key: str
@@ -60,6 +65,8 @@ class Exercise:
     judge: Callable[[Any], str | None]
     wrong: tuple[tuple[str, str], ...] = ()
     context: str = ""
+    teaches: str = ""
+    also_right: tuple[str, ...] = ()
     time_limit: float = TIME_LIMIT_S
     notebook: str = field(init=False)
 
@@ -73,9 +80,14 @@ class Exercise:
             raise ValueError(f"answer must be the name the answer cell defines, got {self.answer!r}")
         if not callable(self.judge):
             raise TypeError(f"judge must be callable, got {type(self.judge).__name__}")
-        for name in ("title", "starter", "solution", "context"):
+        for name in ("title", "starter", "solution", "context", "teaches"):
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"{name} must be a str, got {type(getattr(self, name)).__name__}")
+        also_right = tuple(self.also_right)
+        if not all(isinstance(src, str) for src in also_right):
+            raise TypeError(f"exercise {self.key}: also_right must list answer-cell sources (str), "
+                            f"got {self.also_right!r}")
+        object.__setattr__(self, "also_right", also_right)
         limit = self.time_limit
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit <= 600:
             raise ValueError(f"exercise {self.key}: time_limit must be seconds, more than 0 and at most "
@@ -164,6 +176,11 @@ def load_bank(module_name: str) -> list[Exercise]:
                              f"which {module_name} does not define")
         entry["judge"] = judge
         entry["wrong"] = tuple((w["source"], w["hint"]) for w in entry.get("wrong", ()))
+        entry["also_right"] = tuple(a["source"] for a in entry.get("also_right", ()))
+        teaches = entry.get("teaches")
+        if module_name not in _TEACHES_PENDING and not (isinstance(teaches, str) and teaches.strip()):
+            raise ValueError(f"{path.name}: exercise {entry.get('key')} does not say what it teaches: "
+                             f"give it a one-sentence `teaches`")
         exercises.append(Exercise(**entry))
     return exercises
 
