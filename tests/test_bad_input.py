@@ -435,7 +435,7 @@ CASES = [
     ('exercises.run_source', lambda: exercises.run_source("01.1", 2),
      TypeError, "src must be an answer cell's source (str), got int"),
     ('exercises.run_source name', lambda: exercises.run_source("01.1", "x = 2"),
-     ValueError, "this source does not define 'same_objects'"),
+     ValueError, "this source does not define 'device_name'"),
     ('edition.build', lambda: edition.build([], "out"),
      TypeError, "out_dir must be a pathlib.Path, got str"),
     ('edition.build missing', lambda: edition.build([Path("no.ipynb")], Path("out")),

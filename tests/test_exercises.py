@@ -117,14 +117,14 @@ def test_the_last_code_cell_shows_progress(number):
 
 
 def test_check_prints_and_records_what_progress_shows(capsys):
-    check("01.1", ...)
-    check("01.3", find("01.3").judge)  # not a valid answer: a hint, never an exception
+    check("01.2", ...)
+    check("01.1", find("01.1").judge)  # not a valid answer: a hint, never an exception
     progress("01")
     out = capsys.readouterr().out
-    assert "· Exercise 01.1 (predict): not attempted yet." in out
-    assert "✗ Exercise 01.3 (implement): not yet." in out
-    assert re.search(r"01\.3\s+implement\s+not yet", out)
-    assert re.search(r"01\.2\s+fix\s+not checked yet", out)
+    assert "· Exercise 01.2 (predict): not attempted yet." in out
+    assert "✗ Exercise 01.1 (implement): not yet." in out
+    assert re.search(r"01\.1\s+implement\s+not yet", out)
+    assert re.search(r"01\.3\s+fix\s+not checked yet", out)
     assert "Exercises of notebook 01: 0 of 3 right" in out
 
 
@@ -132,7 +132,7 @@ def test_an_answer_that_raises_gets_a_hint_not_an_exception():
     def to_target(model, inputs, targets, target):
         raise KeyError("boom")
 
-    result = verdict("01.2", to_target)
+    result = verdict("01.3", to_target)
     assert result.status == "not yet" and "KeyError" in result.hint and "boom" in result.hint
 
 
@@ -180,10 +180,10 @@ def test_a_bank_file_that_does_not_say_what_an_exercise_teaches_is_refused(tmp_p
 
 
 def test_a_fix_left_as_shipped_is_not_attempted_even_with_new_comments():
-    shipped = find("01.2").starter
+    shipped = find("01.3").starter
     starter = shipped.replace("    model.to(target)\n", "    # looked at it\n    model.to(target)\n")
     assert starter != shipped
-    assert run_source("01.2", starter).status == "not attempted yet"
+    assert run_source("01.3", starter).status == "not attempted yet"
 
 
 def test_bad_exercise_definitions_are_refused():

@@ -12,61 +12,91 @@ from .core import load_bank
 __all__ = ["EXERCISES"]
 
 
+def _judge_device_name(answer: Any) -> str | None:
+    def name(index: int, count: int) -> Any:
+        got = answer(index, count)
+        return str(got) if isinstance(got, torch.device) else got  # a torch.device is fine too
+
+    for index in (0, 3):
+        if name(index, 0) != "cpu":
+            return "with no GPU at all (gpu_count == 0), the only device there is is 'cpu'"
+    for index, count in [(0, 1), (1, 2), (3, 4)]:
+        got = name(index, count)
+        if got != f"cuda:{index}":
+            return f"device_name({index}, {count}) gave {got!r}: there are {count} GPUs, so that one exists"
+    for index, count in [(2, 1), (1, 1), (4, 4), (-1, 2), (7, 3)]:
+        try:
+            got = name(index, count)
+        except ValueError as err:
+            if str(count) not in str(err):
+                return (f"device_name({index}, {count}) raised a ValueError that does not say how many GPUs "
+                        "there are: the reader needs that to pick one that exists")
+            continue
+        except Exception as err:  # noqa: BLE001 - the kind of error is what is judged
+            return (f"device_name({index}, {count}) raised {type(err).__name__}; the exercise asks for a "
+                    "ValueError, the error for a value out of range")
+        if index == count:
+            return (f"device_name({index}, {count}) gave {got!r}: with {count} GPU(s) numbered from 0, "
+                    f"is there a cuda:{index}?")
+        if index < 0:
+            return f"device_name({index}, {count}) gave {got!r}: a negative index names no GPU"
+        return (f"device_name({index}, {count}) gave {got!r}, but with {count} GPU(s) there is no "
+                f"cuda:{index}: raise a ValueError that says how many GPUs there are")
+    return None
+
+
 def _judge_same_objects(answer: Any) -> str | None:
-    if not isinstance(answer, int) or isinstance(answer, bool):
-        return f"write a whole number of calls (0 to 4), not {type(answer).__name__}"
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not float(answer).is_integer():
+        return f"write a whole number of calls (0 to 4), not {answer!r}"
     x = torch.zeros(3)
     calls = [x.to("cpu"), x.to(torch.float32), x.to("cpu", torch.float16), x.to("cpu", copy=True)]
     right = sum(out is x for out in calls)
     if answer == right:
         return None
+    if not 0 <= answer <= 4:
+        return "there are only four calls; count those that return the very object x"
     if answer == 0:
         return "when nothing has to change, .to() does no work at all: it hands back the tensor itself"
-    if answer == 1:
-        return ("asking for the dtype a tensor already has is no change either: count "
-                "x.to(torch.float32) with x.to('cpu')")
-    if answer == 3:
-        return ("one of the three you counted makes a new tensor: copy=True copies even when nothing "
-                "changes, and float16 is a change")
-    if answer == 4:
-        return "a dtype change (float16) needs new storage, and copy=True always copies"
-    return "there are only four calls; count those that return the very object x"
+    if answer < right:
+        return ("one of the calls you counted as a copy asks for nothing new: compare what each call "
+                "asks for with the device and dtype x already has")
+    return ("some of the calls you counted cannot hand back x itself: look again at the ones that "
+            "change something, and at the one that asks for a copy whatever happens")
 
 
 def _judge_to_target(answer: Any) -> str | None:
+    g = torch.Generator().manual_seed(0)
     model = nn.Linear(3, 1)
-    inputs, targets = torch.ones(4, 3), torch.zeros(4, 1)
+    inputs, targets = torch.randn(4, 3, generator=g), torch.randn(4, 1, generator=g)
+    inputs_given, targets_given = inputs.clone(), targets.clone()
     returned = answer(model, inputs, targets, torch.float64)
-    if not (isinstance(returned, tuple) and len(returned) == 3):
+    if not (isinstance(returned, (tuple, list)) and len(returned) == 3):
         return "return the three things, in order: (model, inputs, targets)"
     model_out, inputs_out, targets_out = returned
-    if model_out.weight.dtype != torch.float64:
-        return "the model did not change: call .to(target) on it"
+    if not (isinstance(model_out, nn.Module) and isinstance(inputs_out, torch.Tensor)
+            and isinstance(targets_out, torch.Tensor)):
+        return "return the three things, in order: (model, inputs, targets)"
+    if model.weight.dtype != torch.float64:
+        if getattr(model_out, "weight", None) is not None and model_out.weight.dtype == torch.float64:
+            return ("the model you were given is still float32 (you converted a copy of it): an "
+                    "optimizer built before the call would go on training the old parameters")
+        return "the model is still float32: it has to be converted too"
+    if inputs.dtype != torch.float32 or targets.dtype != torch.float32:
+        return ("the tensors you were given changed in place; .to() is meant to leave them as they "
+                "were and hand back converted tensors")
     if inputs_out.dtype != torch.float64:
         return ("the inputs are still float32: tensor.to() returns a new tensor and leaves the one "
-                "you called it on as it was, so keep what it returns")
+                "you called it on as it was")
     if targets_out.dtype != torch.float64:
         return "the inputs are right now, but the targets are still float32: the same rule applies to them"
+    if not torch.equal(inputs_out, inputs_given.double()):
+        return "the inputs that came back are not the inputs you were given, converted"
+    if not torch.equal(targets_out, targets_given.double()):
+        return (f"the targets that came back (shape {list(targets_out.shape)}) are not the targets you "
+                "were given, converted: look for a copy-paste slip")
     if model_out(inputs_out).dtype != torch.float64:
         return "the model and the batch should end up on the same target"
     return None
-
-
-def _judge_device_name(answer: Any) -> str | None:
-    if answer(0, 0) != "cpu" or answer(3, 0) != "cpu":
-        return "with no GPU at all (gpu_count == 0), the only device there is is 'cpu'"
-    for index, count in [(0, 1), (1, 2), (2, 4)]:
-        got = answer(index, count)
-        if got != f"cuda:{index}":
-            return f"device_name({index}, {count}) gave {got!r}: there are {count} GPUs, index {index} exists"
-    try:
-        got = answer(2, 1)
-    except ValueError as err:
-        if "1" not in str(err):
-            return "the ValueError should say how many GPUs there are, so the reader can pick one that exists"
-        return None
-    return (f"device_name(2, 1) gave {got!r}, but with one GPU there is no cuda:2: "
-            "raise a ValueError that says how many GPUs there are")
 
 
 EXERCISES = load_bank(__name__)
