@@ -20,14 +20,19 @@ def _judge_gru(answer: Any) -> str | None:
     torch.manual_seed(0)
     gru = SequenceGRU()
     seq = torch.randn(8, 4, 6)  # (time, batch, features)
+    seen: list[tuple[int, ...]] = []
     with torch.no_grad():
         out, h_n = gru(seq)
+        # a replica shares its hooks with the original: this records every replica's input
+        hook = gru.register_forward_hook(lambda module, inputs, output: seen.append(tuple(inputs[0].shape)))
         try:
             returned = answer(gru, seq, sim_devices(2))
         except RuntimeError as err:
             first = (str(err).strip().splitlines() or [""])[0]
             return (f"a replica failed: {first} Each one got only some of the 6 features of "
                     "every step, so the axis you cut is not the batch")
+        finally:
+            hook.remove()
     if not (isinstance(returned, tuple) and len(returned) == 2):
         return "return what the GRU returns: (output, h_n)"
     got_out, got_h = returned
@@ -40,6 +45,12 @@ def _judge_gru(answer: Any) -> str | None:
     if not (torch.allclose(got_out, out, atol=1e-6) and torch.allclose(got_h, h_n, atol=1e-6)):
         return ("the shapes are right but the values are not: some replica saw only part of each "
                 "sequence; cut the axis that holds the batch of a sequence-first GRU")
+    if len(seen) < 2:
+        return ("the numbers are right, but the GRU ran once, on the whole batch: nothing was split "
+                "over the devices")
+    if any(shape != (8, 2, 6) for shape in seen):
+        return (f"the numbers are right, but the replicas saw inputs of shapes {seen}: each device should "
+                "get its own few whole sequences")
     return None
 
 
@@ -59,10 +70,14 @@ def _judge_strip(answer: Any) -> str | None:
         return f"the keys came out as {sorted(got)}: remove exactly the leading 'module.' of each key"
     if not (got["block1.weight"] is w and got["block2.module.weight"] is inner):
         return "keep the same tensors under the new names (no copies, no changes to their values)"
-    plain = {"fc.weight": w, "modules.bias": b}
-    kept = answer(plain)
-    if set(kept) != set(plain):
-        return (f"a checkpoint without the prefix came back with keys {sorted(kept)}: only keys that "
+    plain = {"fc.weight": w, "modules.bias": b, "block2.module.weight": inner}
+    kept = answer(dict(plain))
+    if not isinstance(kept, dict) or set(kept) != set(plain):
+        keys = sorted(kept) if isinstance(kept, dict) else kept
+        if isinstance(kept, dict) and "s.bias" in kept:
+            return ("'modules.bias' lost its first letters: str.lstrip removes any of the characters "
+                    "it is given, from the left, not a prefix")
+        return (f"a checkpoint without the prefix came back with keys {keys}: only keys that "
                 "start with 'module.' change (loading a plain checkpoint must still work)")
     return None
 
@@ -72,21 +87,32 @@ def _judge_weights(answer: Any) -> str | None:
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in answer):
         return f"write a list of numbers, one weight per returned loss, not {answer!r}"
     sizes = split_sizes(10, 4)  # torch.chunk's pieces: what each replica's loss averages over
+    even = [10 // 4 + (1 if i < 10 % 4 else 0) for i in range(4)]  # torch.tensor_split's
+
+    def matches(shares: list[float]) -> bool:
+        return len(answer) == len(shares) and all(
+            math.isclose(a, s, abs_tol=1e-6) for a, s in zip(answer, shares, strict=True))
+
     if len(answer) != len(sizes):
-        return (f"you gave {len(answer)} weights; count the chunks first: torch.chunk cuts pieces of "
-                "ceil(10 / 4) rows, and every returned loss needs one weight")
-    if all(math.isclose(a, s / 10, abs_tol=1e-6) for a, s in zip(answer, sizes, strict=True)):
+        return (f"you gave {len(answer)} weights; count the chunks first: every loss a replica "
+                "returns needs one weight")
+    if matches([s / 10 for s in sizes]):
         return None
     if all(math.isclose(a, answer[0], abs_tol=1e-6) for a in answer):
         return ("you averaged the chunk losses without weighting them by chunk size: the short chunk "
                 "would count as much as a full one")
-    if all(math.isclose(a, s, abs_tol=1e-6) for a, s in zip(answer, sizes, strict=True)):
-        return ("those are the chunk sizes; a weighted mean divides each by the batch size, so the "
-                "weights add up to 1")
+    if matches([float(s) for s in sizes]):
+        return ("those are the chunk sizes: summed with these weights, four means make far more than "
+                "the batch's mean. What must the weights of a mean add up to?")
+    if matches([s / 10 for s in even]):
+        return ("those are the shares of the most even split; DataParallel's chunks are "
+                "torch.chunk's, cut the way notebook 02 showed")
+    if matches([s / 10 for s in reversed(sizes)]):
+        return ("the shares are right but not their order: device 0 gets the first chunk, the short one "
+                "is last")
     if not math.isclose(sum(answer), 1.0, abs_tol=1e-6):
         return f"your weights add up to {sum(answer):g}; the weights of a mean add up to 1"
-    return ("each chunk's loss is a mean over its own rows, so weight it by its share of the batch's rows, "
-            "in the order torch.chunk cuts them")
+    return "each returned loss is a mean over its own chunk: how much of the batch does each chunk hold?"
 
 
 EXERCISES = load_bank(__name__)
