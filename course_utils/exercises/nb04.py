@@ -30,7 +30,7 @@ def _judge_sgd_extra(answer: Any) -> str | None:
     if not isinstance(answer, (int, float)) or isinstance(answer, bool):
         return f"write a number of MiB, not {type(answer).__name__}"
     with untimed():  # the course's ledger measures the model once (seconds), not the answer
-        right, adam = _bert_extra_mib("sgd"), _bert_extra_mib("adam")
+        right, adam, momentum = (_bert_extra_mib(o) for o in ("sgd", "adam", "sgd_momentum"))
     logits = 32 * 128 * 30522 * 4 / MiB
 
     def near(value: float) -> bool:
@@ -41,26 +41,34 @@ def _judge_sgd_extra(answer: Any) -> str | None:
     if near(adam):
         return ("that is the Adam figure: plain SGD keeps no state per parameter, so the optimizer "
                 "state line goes away")
-    if near(right + 2 * 132.1e6 * 4 / MiB) or answer > right * 1.5:
+    if near(momentum):
+        return ("that would be SGD with momentum, which keeps one buffer per parameter; plain SGD "
+                "keeps none")
+    if near(right * MiB) or near(right * 1.048576):
+        return "write it in MiB (2**20 bytes), the unit of the ledger's lines"
+    if near(right / 1024):
+        return "that is in GiB: the question asks for MiB"
+    if answer > right * 1.5:
         return "too much: without Adam's two moments, only the batch-sized tensors on device 0 are left"
     if near(logits):
-        return ("you counted the gathered logits only; backward starts with a gradient of the same size, "
-                "and cross-entropy keeps its log-probabilities for backward, both on device 0")
+        return ("you counted the gathered logits only: steps 4 and 5 of the explanation leave more "
+                "batch-sized tensors than the outputs on device 0")
     if near(2 * logits):
-        return "one more tensor of the logits' size: cross-entropy keeps its log-probabilities for backward"
+        return "one batch-sized tensor is missing: re-read what the loss keeps for backward"
     if answer <= 0:
         return "device 0 still gathers the outputs and computes the loss: those tensors are on it alone"
-    return "add up the lines of the explanation that are batch-sized (batch × seq × vocabulary floats)"
+    return ("add up the lines of the explanation that only device 0 holds and that a plain SGD step "
+            "still needs")
 
 
 def _judge_visible(answer: Any) -> str | None:
-    if not isinstance(answer, int) or isinstance(answer, bool):
-        return f"write a whole number of GPUs, not {type(answer).__name__}"
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not float(answer).is_integer():
+        return f"write a whole number of GPUs, not {answer!r}"
     if answer == 8:
         return None
     if answer == 2:
-        return ("the variable was set after the tensor was put on a GPU: CUDA had already started and "
-                "read the variable once, so changing it now changes nothing")
+        return ("look at the order of the lines: when does CUDA read CUDA_VISIBLE_DEVICES, and what "
+                "has happened by the time the script sets it?")
     if answer == 0:
         return "no GPU disappears: the script made no GPU invisible before CUDA started"
     if answer == 1:
@@ -68,33 +76,50 @@ def _judge_visible(answer: Any) -> str | None:
     return "CUDA numbers the GPUs it saw when it started, and the script set nothing before that"
 
 
+def _criterion_case(sizes: list[int], reduction: str, seed: int) -> tuple[list, torch.Tensor, list]:
+    """Per-device losses of CrossEntropyLoss over ``sizes`` chunks, and the plain loss with its gradient."""
+    g = torch.Generator().manual_seed(seed)
+    outputs = torch.randn(sum(sizes), 3, generator=g, requires_grad=True)
+    targets = torch.randint(0, 3, (sum(sizes),), generator=g)
+    criterion = torch.nn.CrossEntropyLoss(reduction=reduction)
+    want = criterion(outputs, targets)
+    (want_grad,) = torch.autograd.grad(want, outputs)
+    losses = [criterion(o, t) for o, t in zip(outputs.split(sizes), targets.split(sizes), strict=True)]
+    return losses, want.detach(), [outputs, want_grad]
+
+
 def _judge_combine(answer: Any) -> str | None:
-    torch.manual_seed(0)
-    outputs, targets = torch.randn(10, 3), torch.randint(0, 3, (10,))
-    sizes = [4, 4, 2]
-    for reduction in ("mean", "sum"):
-        criterion = torch.nn.CrossEntropyLoss(reduction=reduction)
-        losses = [criterion(o, t) for o, t in zip(outputs.split(sizes), targets.split(sizes), strict=True)]
-        got = answer(losses, sizes, reduction)
-        if not isinstance(got, torch.Tensor) or got.dim() != 0:
-            return "return the loss as a 0-dim tensor (so that backward can start from it)"
-        want = criterion(outputs, targets)
-        if torch.allclose(got, want, atol=1e-6):
-            continue
-        if torch.allclose(got, torch.stack(losses).mean(), atol=1e-6):
-            if reduction == "mean":
-                return ("you averaged the chunk losses without weighting them by chunk size: the chunk "
-                        "of 2 rows counts as much as a chunk of 4")
-            return "with reduction='sum' each device's loss is already a sum: add them, do not average"
-        if reduction == "sum":
-            return ("with reduction='sum' each device's loss is already a sum over its rows: weighting "
-                    "it again counts its rows twice")
-        weighted = sum(loss * size for loss, size in zip(losses, sizes, strict=True))
-        if torch.allclose(got, weighted, atol=1e-6):
-            return ("weighted by the chunk sizes, that is the sum over rows; a mean divides it by the "
-                    "batch size")
-        return (f"with reduction={reduction!r} and chunks {sizes}, the result differs from the plain "
-                "criterion's")
+    for sizes in ([4, 4, 2], [3, 3, 3, 3, 1]):
+        for reduction in ("mean", "sum"):
+            losses, want, (outputs, want_grad) = _criterion_case(sizes, reduction, seed=len(sizes))
+            got = answer(losses, list(sizes), reduction)
+            if not isinstance(got, torch.Tensor) or got.dim() != 0:
+                return "return the loss as a 0-dim tensor (so that backward can start from it)"
+            if torch.allclose(got, want, atol=1e-6):
+                if not got.requires_grad:
+                    return ("the value is right, but backward cannot start from it: the result lost its "
+                            "link to the per-device losses (a Python number, or .item(), breaks it)")
+                (grad,) = torch.autograd.grad(got, outputs)
+                if not torch.allclose(grad, want_grad, atol=1e-6):
+                    return "the value is right, but its gradient is not the plain criterion's"
+                continue
+            if torch.allclose(got, torch.stack(losses).mean(), atol=1e-6):
+                if reduction == "mean":
+                    return ("you averaged the chunk losses without weighting them by chunk size: a short "
+                            "chunk counts as much as a full one")
+                return "with reduction='sum' each device's loss is already a sum: add them, do not average"
+            if reduction == "sum":
+                return ("with reduction='sum' each device's loss is already a sum over its rows: weighting "
+                        "it again counts its rows twice")
+            weighted = sum(loss * size for loss, size in zip(losses, sizes, strict=True))
+            if torch.allclose(got, weighted, atol=1e-6):
+                return ("weighted by the chunk sizes, that is the sum over rows; a mean divides it by the "
+                        "rows of the whole batch")
+            if torch.allclose(got * 10, weighted, atol=1e-5):
+                return (f"right for a batch of 10, wrong for chunks {sizes}: the batch's size comes from "
+                        "the chunk sizes you are given")
+            return (f"with reduction={reduction!r} and chunks {sizes}, the result differs from the plain "
+                    "criterion's")
     return None
 
 
