@@ -27,29 +27,29 @@ def _judge_ring_bytes(answer: Any) -> str | None:
 
     values, ranks, itemsize = 4096, 4, 4
     size = values * itemsize
-    right = int(ring_bytes_per_rank(size, ranks))  # 24576
+    right = int(ring_bytes_per_rank(size, ranks))
     if answer == right:
         return None
     if answer == right // itemsize:
         return "that counts values, not bytes: a float32 value is 4 bytes"
+    if answer in (right / 1024, right / 1000):
+        return "that is in KiB (or kB): the question asks for bytes"
     if answer == right // 2:
-        return ("you counted one phase: after the reduce-scatter the finished chunks travel round the "
-                "ring once more (the all-gather), with as many sends again")
+        return "you counted one phase: the ring has a second one, after the reduce-scatter"
     if answer == 2 * size:
-        return ("that is 2 x the whole tensor: each of the ring's steps sends one chunk of "
-                "size / N, not the whole tensor; count the steps in each phase")
+        return ("that is twice the whole tensor: at each step of the ring a rank sends one chunk, not the "
+                "whole tensor; count the steps in each phase")
     if answer == 2 * (ranks - 1) * size:
         return ("that is what rank 0 moves when everyone sends the whole tensor to it; in the ring "
-                "every step sends one chunk of size / N")
+                "every step sends one chunk")
     if answer == size:
-        return ("that is the whole tensor once; count one rank's sends: N - 1 steps in each of the "
-                "two phases")
-    return ("count one rank's sends: N - 1 steps in each of the two phases, one chunk of "
-            "size / N bytes per step")
+        return "that is the whole tensor once; count one rank's sends step by step, in both phases"
+    return ("count one rank's sends over the two phases above: how many steps each has, and how big "
+            "is what a rank sends at each step?")
 
 
 def _judge_sampler_reads(answer: Any) -> str | None:
-    if not (isinstance(answer, tuple) and len(answer) == 2):
+    if not (isinstance(answer, (tuple, list)) and len(answer) == 2):
         return "write a pair: (samples each rank reads per epoch, duplicate reads in total)"
     per_rank, duplicates = answer
     for value, what in ((per_rank, "samples per rank"), (duplicates, "duplicate reads")):
@@ -61,15 +61,16 @@ def _judge_sampler_reads(answer: Any) -> str | None:
     shards = [list(DistributedSampler(range(10), num_replicas=4, rank=r, shuffle=False)) for r in range(4)]
     right_per_rank, right_duplicates = len(shards[0]), sum(map(len, shards)) - 10
     if per_rank != right_per_rank:
-        if per_rank * 4 <= 10:
-            return ("with drop_last=False nothing is dropped: every rank reads the same number of "
-                    "samples, enough that all 10 are read, rounding up")
-        return "every rank reads the same number of samples: 10 over 4 ranks, rounded up, not more"
+        if per_rank * 4 < 10:
+            return ("with drop_last=False nothing is dropped: every sample is read, and every rank "
+                    "reads the same number")
+        return "every rank reads the same number of samples, but no more than it takes to read them all"
     if duplicates != right_duplicates:
         if duplicates == 0:
             return ("4 ranks times the samples per rank is more than 10: the sampler pads with samples "
                     "from the start, so some are read twice")
-        return "the duplicates are the reads beyond the 10 samples: all ranks' reads together, minus 10"
+        return ("a duplicate is a read beyond the 10 samples the data set has: count the reads of all "
+                "ranks together")
     return None
 
 
@@ -78,22 +79,34 @@ def _judge_epoch_orders(answer: Any) -> str | None:
 
     from course_utils.debugging import sampler_orders
 
+    runs = []
+    for rank in (0, 1):  # the same answer on both ranks, as a training script runs it
+        got = answer(DistributedSampler(range(20), num_replicas=2, rank=rank, shuffle=True, seed=0), 4)
+        if not (isinstance(got, dict) and sorted(got) == [0, 1, 2, 3]):
+            return ("return a dict with one list of indices per epoch: "
+                    "{0: [...], 1: [...], 2: [...], 3: [...]}")
+        runs.append([list(got[epoch]) for epoch in range(4)])
+    mine, other = runs
     expected = sampler_orders(0, 2, 20, 4, set_epoch=True)  # notebook 10's right loop
-    got = answer(DistributedSampler(range(20), num_replicas=2, rank=0, shuffle=True, seed=0), 4)
-    if not (isinstance(got, dict) and sorted(got) == [0, 1, 2, 3]):
-        return "return a dict with one list of indices per epoch: {0: [...], 1: [...], 2: [...], 3: [...]}"
-    got = [list(got[epoch]) for epoch in range(4)]
-    if got == expected:
-        return None
-    if all(order == got[0] for order in got):
-        return ("every epoch read the same order: the sampler shuffles with its seed plus the epoch "
-                "you last gave it, so it needs this epoch's number before each epoch")
-    if got[0] == expected[0] and got[1:] == expected[:-1]:
-        return ("each epoch read the order of the epoch before: tell the sampler the epoch before "
+    for epoch in range(4):
+        if sorted(mine[epoch] + other[epoch]) != list(range(20)):
+            if len(mine[epoch]) == len(other[epoch]) == 10 and set(mine[epoch]) & set(other[epoch]):
+                return (f"in epoch {epoch} the two ranks read some of the same samples and missed others: "
+                        "each rank's sampler was told a different epoch, so their shards no longer fit "
+                        "together")
+            return "each epoch should read this rank's shard: half of the 20 indices, from the sampler itself"
+    if all(order == mine[0] for order in mine):
+        return ("every epoch read the same order: the sampler shuffles with its seed plus the epoch it "
+                "was last told, and here every epoch was told the same one (or none)")
+    if mine[0] == expected[0] and mine[1:] == expected[:-1]:
+        return ("each epoch read the order of the epoch before: the sampler must know the epoch before "
                 "you read it, not after")
-    if sorted(got[0]) != sorted(expected[0]):
-        return "each epoch should read this rank's shard: half of the 20 indices, from the sampler itself"
-    return "epoch e should read the order the sampler gives after set_epoch(e)"
+    if any(mine[i] == mine[j] for i in range(4) for j in range(i + 1, 4)):
+        return "two of the epochs read the same order: each epoch must tell the sampler a value of its own"
+    if all(set(order) == set(mine[0]) for order in mine):
+        return ("the order changes, but every epoch this rank reads the same 10 samples: the sampler "
+                "itself must reshuffle, so that the ranks' shards change together")
+    return None  # a new shuffle every epoch, the same on both ranks (set_epoch(epoch + 1) is fine too)
 
 
 def _judge_two_heads(answer: Any) -> str | None:
@@ -103,8 +116,8 @@ def _judge_two_heads(answer: Any) -> str | None:
         "collective the other never calls; both must build and train the model the same way"))
     if hint is not None and "finished reduction" in hint:
         return ("DDP still waits for a gradient of every parameter, and forward never uses "
-                "unused_head: tell DDP, when you wrap the model, to look for the parameters "
-                "forward leaves out")
+                "unused_head: either tell DDP, when you wrap the model, to look for the parameters "
+                "forward leaves out, or do not give it parameters that forward never uses")
     if hint is not None:
         return hint
     if not all(isinstance(r, dict) for r in ranks):
