@@ -13,15 +13,16 @@ __all__ = ["EXERCISES"]
 
 
 def _judge_survives(answer: Any) -> str | None:
-    if not (isinstance(answer, tuple) and len(answer) == 2 and all(isinstance(a, bool) for a in answer)):
+    if not (isinstance(answer, (tuple, list)) and len(answer) == 2
+            and all(isinstance(a, bool) for a in answer)):
         return "write a pair of True/False: (1e-5 survives in fp16, 1e-9 survives in bf16)"
     fp16, bf16 = answer
     if fp16 != (torch.tensor(1e-5).half().item() != 0):
-        return ("1e-5 is below fp16's smallest *normal* number, but fp16 also has subnormal numbers, "
-                "which go much lower, with fewer significant bits: look at where fp16 stops entirely")
+        return ("1e-5 is below fp16's smallest *normal* number, but that is not the smallest number "
+                "fp16 holds: look at the table's subnormal column")
     if bf16 != (torch.tensor(1e-9).bfloat16().item() != 0):
-        return ("bf16 has few mantissa bits but fp32's 8-bit exponent: its range is fp32's, and "
-                "1e-9 is well inside fp32's range")
+        return ("bf16's few mantissa bits limit its precision, not its range: compare 1e-9 with "
+                "bf16's smallest numbers in the table")
     return None
 
 
@@ -34,70 +35,111 @@ def _tiny_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((output.float() - target) * 1e-8).sum()  # gradients of about 1e-8: below fp16's range
 
 
+def _huge_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((output.float() - target) * 1e4).sum()  # scaled by 2**16, its gradients overflow fp16
+
+
 def _judge_fp16_step(answer: Any) -> str | None:
     from ..amp import autocast
 
     reference, inputs, targets = _scaled_step_setup()
-    with autocast("off"):
-        _tiny_loss(reference(inputs), targets).backward()
-    expected = reference.weight.grad.clone()
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=1e6)
+    expected = []
+    for _ in range(2):  # two plain fp32 steps
+        reference_optimizer.zero_grad()
+        with autocast("off"):
+            _tiny_loss(reference(inputs), targets).backward()
+        expected.append(reference.weight.grad.clone())
+        reference_optimizer.step()
 
     model, inputs, targets = _scaled_step_setup()
     before = model.weight.detach().clone()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e6)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1)
+    seen: list[torch.dtype] = []
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        seen.append(output.dtype)
+        return _tiny_loss(output, target)
+
     try:
-        answer(model, optimizer, scaler, inputs, targets, _tiny_loss)
+        answer(model, optimizer, scaler, inputs, targets, loss_fn)
     except AssertionError as err:
+        if "_scale is None" in str(err):
+            return ("the scaler was asked to step, but it never scaled the loss, so it has nothing to "
+                    "undo: the gradients must come from the loss the scaler multiplied")
         if "inf checks" not in str(err):
             raise
         return ("the optimizer stepped with gradients still multiplied by the scale, and the scaler "
                 "never saw them (update found no inf check): let the scaler step the optimizer")
+    if seen and seen[0] != torch.float16:
+        return (f"the forward ran in {str(seen[0]).replace('torch.', '')}: the step is meant to compute "
+                "in fp16 under autocast, with the loss scaled so that fp16's gradients survive")
     if model.weight.grad is None:
         return "no gradient reached the weights: the step must run backward"
     grad = model.weight.grad
     scale = 2.0**16  # the scale the step ran with
-    if torch.count_nonzero(grad) == 0 or grad.abs().max() < expected.abs().max() / 100:
+    if torch.count_nonzero(grad) == 0 or grad.abs().max() < expected[0].abs().max() / 100:
         return ("the gradients came out (almost) zero: in fp16 gradients of about 1e-8 underflow. "
                 "Run backward on the loss the scaler has multiplied, not on the loss itself")
-    if torch.allclose(grad, expected * scale, rtol=1e-2):
+    if torch.allclose(grad, expected[0] * scale, rtol=1e-2):
         return ("the step used gradients that are still multiplied by the scale: let the scaler "
                 "step the optimizer (it divides the gradients by the scale first, and skips a step "
                 "whose gradients overflowed)")
-    if not torch.allclose(grad, expected, rtol=1e-2, atol=1e-9):
+    if not torch.allclose(grad, expected[0], rtol=1e-2, atol=1e-9):
         return "the gradients differ from fp32's: autocast the forward and the loss, nothing else"
     if torch.equal(before, model.weight.detach()):
         return "the gradients are right but the weights did not move: the optimizer must step"
-    if not torch.allclose(model.weight.detach(), before - 1e6 * expected, rtol=1e-3, atol=1e-5):
+    if not torch.allclose(model.weight.detach(), before - 1e6 * expected[0], rtol=1e-3, atol=1e-5):
         return "the weights moved, but not by one SGD step with the unscaled gradients"
     if scaler.get_scale() != 2 * scale:  # growth_interval=1: a good step, once recorded, doubles it
         return "the step is right, but the scaler was not told about it: update it after the step"
+
+    after_first = model.weight.detach().clone()
+    answer(model, optimizer, scaler, inputs, targets, loss_fn)  # a second step, at the doubled scale
+    second = model.weight.detach() - after_first
+    if not torch.allclose(second, -1e6 * expected[1], rtol=2e-2, atol=1e-5):
+        return ("the first step is right, the second is not: the scale changed in between (it grows "
+                "after good steps), so a scale written into the code goes stale")
+
+    model, inputs, targets = _scaled_step_setup()
+    before = model.weight.detach().clone()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1)
+    answer(model, optimizer, scaler, inputs, targets, _huge_loss)
+    if not torch.equal(before, model.weight.detach()):
+        return ("with gradients that overflowed fp16, your step still changed the weights (to inf or "
+                "nan): a step whose gradients overflowed must be skipped, and the scaler knows when")
+    if scaler.get_scale() != scale / 2:
+        return "a step whose gradients overflowed must also lower the scale for the next one"
     return None
 
 
-_ALWAYS = "an overflow always halves the scale and resets the count, whatever the count was"
-_COUNT = "compare the count (after this good step) with growth_interval, not with a fixed number"
+_ALWAYS = "an overflow changes the scale and the count the same way, whatever the count was"
+_GIVEN = "with growth_interval=5 your rule acted as if it were another number: use the one you are given"
 #: (scale, good steps so far, found_inf, growth_interval), the right (scale, count), and the hint
 #: for a wrong scale and for a wrong count
 _SCALE_CASES = [
     ((65536.0, 1, True, 2), (32768.0, 0),
-     ("a step whose gradients overflowed (found_inf) is skipped and the scale halved",
-      "an overflow also starts the count of good steps again from zero")),
+     ("after a step whose gradients overflowed, what must happen to the scale that made them overflow?",
+      "after an overflow your count of good steps went on: does a run of good steps survive an overflow?")),
     ((4096.0, 1, True, 2), (2048.0, 0), (_ALWAYS, _ALWAYS)),
     ((4096.0, 0, False, 2), (4096.0, 1),
-     ("the scale grows only after growth_interval good steps in a row, not after every good step",
-      "a good step that does not grow the scale adds one to the count of good steps")),
+     ("after one good step (growth_interval=2) your scale changed: re-read what growth_interval counts",
+      "a good step that leaves the scale as it is must still show in the count of good steps")),
     ((4096.0, 1, False, 2), (8192.0, 0),
-     ("when the count of good steps reaches growth_interval, the scale doubles",
-      "after the scale doubles, the count of good steps starts again from zero")),
-    ((4096.0, 3, False, 5), (4096.0, 4), (_COUNT, _COUNT)),
+     ("after growth_interval good steps in a row your scale did not change: what does the scaler try then?",
+      "after the scale grew, your count of good steps kept counting: what does a new scale start from?")),
+    ((4096.0, 3, False, 5), (4096.0, 4), (_GIVEN, _GIVEN)),
+    ((4096.0, 1, False, 5), (4096.0, 2), (_GIVEN, _GIVEN)),
+    ((4096.0, 4, False, 5), (8192.0, 0), (_GIVEN, _GIVEN)),
 ]
 
 
 def _judge_next_scale(answer: Any) -> str | None:
     for args, right, hints in _SCALE_CASES:
         got = answer(*args)
-        if not (isinstance(got, tuple) and len(got) == 2):
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
             return "return a pair: (the new scale, the new count of good steps)"
         for value, expected, hint in zip(got, right, hints, strict=True):
             if value != expected:
