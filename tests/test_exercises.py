@@ -67,19 +67,6 @@ def test_only_the_pending_banks_may_leave_out_what_they_teach():
                                 f"exercises teach: {sorted(pending - without)}")
 
 
-PREDICT = [ex for ex in ALL if ex.kind == "predict"]
-
-
-@pytest.mark.parametrize("ex", PREDICT, ids=[ex.key for ex in PREDICT])
-def test_no_message_gives_the_predicted_value_away(ex):
-    namespace: dict = {}
-    exec(ex.context + "\n" + ex.solution, namespace)
-    value = repr(namespace[ex.answer])
-    messages = [run_source(ex.key, src).hint for src, _ in ex.wrong] + [run_source(ex.key, ex.starter).hint]
-    for message in messages:
-        assert not re.search(rf"(?<![\w.]){re.escape(value)}(?![\w.])", message), (value, message)
-
-
 @pytest.mark.parametrize("number", sorted({ex.notebook for ex in ALL}))
 def test_each_notebook_has_three_exercises_of_two_kinds(number):
     exercises = bank(number)
