@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import linecache
+import os
 import pkgutil
 import re
 import signal
@@ -247,6 +248,11 @@ class _Limit:
         self.armed = False  # while True, running out raises _Stopped in the learner's code
         self.alarm = False  # SIGALRM does the stopping (else a watchdog, see _run_in_thread)
         self.thread = threading.get_ident()  # the thread that runs the judge
+        self.pid = os.getpid()  # a process forked by the answer (a loader's worker) is not checked
+
+    def mine(self) -> bool:
+        """Whether the code running now is the check's: its process, and the judge's thread."""
+        return os.getpid() == self.pid and threading.get_ident() == self.thread
 
     def left(self) -> float:
         running = 0.0 if self.paused else time.monotonic() - self.since
@@ -276,8 +282,8 @@ def untimed() -> Iterator[None]:
     ``run_on_ranks`` runs with the launch timeout. Never wrap the learner's code in it.
     """
     limit = _LIMIT
-    if limit is None or not limit.armed or threading.get_ident() != limit.thread:
-        yield  # no check in progress, or another thread (a replica's, the kernel's)
+    if limit is None or not limit.armed or not limit.mine():
+        yield  # no check in progress, or another thread (a replica's, the kernel's) or process
         return
     if not limit.paused:
         limit.stop()
@@ -299,7 +305,7 @@ def _on_alarm(signum: int, frame: Any) -> None:
     """SIGALRM: raise _Stopped, but only inside the judge's call (never in the check's own clean-up,
     whatever instruction the signal lands on)."""
     limit = _LIMIT
-    if limit is None or not limit.armed or limit.paused:
+    if limit is None or not limit.armed or limit.paused or os.getpid() != limit.pid:
         return
     while frame is not None:
         if frame.f_code is _guarded.__code__:
