@@ -1,6 +1,7 @@
 """One DDP training job, run three ways (notebook 05).
 
-- ``launch(train_ddp, N, config)`` from a notebook;
+- ``launch(train_ddp, N, config)`` from a notebook (``train_resumable``: the same, able to
+  resume from a snapshot after a restart, notebook 08);
 - ``python -m torch.distributed.run --standalone --nproc-per-node=N -m course_utils.ddp_train``
   as a script under torchrun (``main`` below), which saves rank 0's final parameters;
 - ``train_reference(config, N)`` in one process, with the global batch that the N ranks share.
@@ -33,13 +34,16 @@ from .snapshots import SkipFirst, load_snapshot, save_snapshot, state_copy
 from .torchrun import init_from_torchrun
 
 __all__ = [
+    "Job",
     "TrainConfig",
+    "build_job",
     "make_dataset",
     "make_model",
     "main",
     "resume",
     "train_ddp",
     "train_reference",
+    "train_resumable",
 ]
 
 
@@ -112,6 +116,64 @@ def _check_snapshot_args(snapshot, snapshot_every, before_step) -> None:
         raise TypeError(f"before_step must be callable or None, got {type(before_step).__name__}")
 
 
+@dataclass
+class Job:
+    """What each rank builds before it trains (notebook 05): ``build_job`` makes it."""
+
+    device: torch.device
+    sampler: DistributedSampler
+    loader: DataLoader
+    model: nn.Module
+    ddp_model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    loss_fn: nn.Module
+
+    def finish(self, losses: list[float], seen: list[list[int]], steps: int) -> dict:
+        """This rank's result; drops the DDP model before the group goes (gloo's clean exit)."""
+        params = state_copy(self.model)
+        self.ddp_model = self.optimizer = self.model = None
+        gc.collect()
+        return {"params": params, "losses": losses, "seen": seen, "steps": steps}
+
+
+def build_job(rank: int, world_size: int, config: TrainConfig) -> Job:
+    """Every rank builds the same model from the same seed, and a loader over its shard of the data."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    device = rank_device()  # the CPU under gloo, cuda:LOCAL_RANK under NCCL
+    dataset = make_dataset(config)
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=config.seed)
+    # the loader's own generator: starting an epoch then draws nothing from the global one
+    loader = DataLoader(dataset, batch_size=config.per_rank_batch_size(world_size), sampler=sampler,
+                        generator=torch.Generator().manual_seed(config.seed))
+    model = make_model(config).to(device)
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=config.lr, momentum=config.momentum)
+    scaler = grad_scaler(config.amp, device.type)  # scales only for fp16
+    return Job(device, sampler, loader, model, ddp_model, optimizer, scaler, nn.MSELoss())
+
+
+def train_ddp(rank: int, world_size: int, config: TrainConfig = TrainConfig()) -> dict:
+    """Train with ``DistributedDataParallel`` inside an initialised process group (notebook 05).
+
+    Returns this rank's final parameters, its per-step losses and the sample indices it saw in
+    each epoch.
+    """
+    job = build_job(rank, world_size, config)
+    losses, seen = [], []
+    for epoch in range(config.epochs):
+        job.sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on every rank
+        seen.append(list(job.sampler))
+        for inputs, targets in job.loader:
+            # DDP all-reduces the gradients during backward, bucket by bucket
+            loss = train_step(job.ddp_model, job.loss_fn, inputs.to(job.device), targets.to(job.device),
+                              job.optimizer, job.scaler, config.amp, job.device.type)
+            losses.append(loss.item())
+    return job.finish(losses, seen, steps=len(losses))
+
+
 def resume(snapshot, ddp_model, optimizer, scaler, attempt: int) -> tuple[int, int, int]:
     """(epoch, batch in that epoch, global step) to start from: the snapshot's, or zeros (notebook 08)."""
     if snapshot is None:
@@ -125,56 +187,38 @@ def resume(snapshot, ddp_model, optimizer, scaler, attempt: int) -> tuple[int, i
     return info.epoch, info.step_in_epoch, info.global_step
 
 
-def train_ddp(rank: int, world_size: int, config: TrainConfig = TrainConfig(),
-              snapshot: str | os.PathLike | None = None, snapshot_every: int = 0,
-              before_step: Callable[[int, int, int], None] | None = None) -> dict:
-    """Train with ``DistributedDataParallel`` inside an initialised process group.
+def train_resumable(rank: int, world_size: int, config: TrainConfig = TrainConfig(),
+                    snapshot: str | os.PathLike | None = None, snapshot_every: int = 0,
+                    before_step: Callable[[int, int, int], None] | None = None) -> dict:
+    """``train_ddp`` that survives a restart (notebook 08), bitwise the same when nothing fails.
 
-    Returns this rank's final parameters, its per-step losses and the sample indices it saw in
-    each epoch. With ``snapshot``, training resumes from that file if it exists, and rank 0
-    writes it every ``snapshot_every`` steps (notebook 08). ``before_step(rank, global_step,
-    attempt)`` runs before each step: notebook 08 injects a fault with it
-    (``course_utils.fault_demos.KillAt``).
+    With ``snapshot``, training resumes from that file if it exists, and rank 0 writes it every
+    ``snapshot_every`` steps. ``before_step(rank, global_step, attempt)`` runs before each step:
+    notebook 08 injects a fault with it (``course_utils.fault_demos.KillAt``).
     """
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     _check_config(config)
     _check_snapshot_args(snapshot, snapshot_every, before_step)
-    if not dist.is_initialized():
-        raise RuntimeError("train_ddp needs a process group: run it with launch(...) or torchrun")
+    job = build_job(rank, world_size, config)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    device = rank_device()  # the CPU under gloo, cuda:LOCAL_RANK under NCCL
-    # region: setup
-    per_rank = config.per_rank_batch_size(world_size)
-    dataset = make_dataset(config)
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                 seed=config.seed)
-    resumable = SkipFirst(sampler)  # a resumed epoch starts at the batch where it stopped
-    # the loader's own generator: starting an epoch then draws nothing from the global one
-    loader = DataLoader(dataset, batch_size=per_rank, sampler=resumable,
-                        generator=torch.Generator().manual_seed(config.seed))
-    model = make_model(config).to(device)
-    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=config.lr, momentum=config.momentum)
-    scaler = grad_scaler(config.amp, device.type)  # scales only for fp16
-    # endregion
+    per_rank = job.loader.batch_size
+    resumable = SkipFirst(job.sampler)  # a resumed epoch starts at the batch where it stopped
+    loader = DataLoader(job.loader.dataset, batch_size=per_rank, sampler=resumable,
+                        generator=job.loader.generator)
     if callable(getattr(before_step, "check", None)):  # a fault that could never fire is refused
         before_step.check(world_size, config.epochs * len(loader))
     # region: loop
-    start_epoch, start_batch, global_step = resume(snapshot, ddp_model, optimizer, scaler, attempt)
-    loss_fn = nn.MSELoss()
+    start_epoch, start_batch, global_step = resume(snapshot, job.ddp_model, job.optimizer, job.scaler,
+                                                   attempt)
     losses, seen = [], []
     for epoch in range(start_epoch, config.epochs):
-        sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on every rank
+        job.sampler.set_epoch(epoch)
         resumable.skip = start_batch * per_rank if epoch == start_epoch else 0
         seen.append(list(resumable))
         for batch, (inputs, targets) in enumerate(loader, start=resumable.skip // per_rank):
             if before_step is not None:
                 before_step(rank, global_step, attempt)
-            # DDP all-reduces the gradients during backward, bucket by bucket
-            loss = train_step(ddp_model, loss_fn, inputs.to(device), targets.to(device),
-                              optimizer, scaler, config.amp, device.type)
+            loss = train_step(job.ddp_model, job.loss_fn, inputs.to(job.device), targets.to(job.device),
+                              job.optimizer, job.scaler, config.amp, job.device.type)
             losses.append(loss.item())
             global_step += 1
             if snapshot_every and global_step % snapshot_every == 0:
@@ -182,13 +226,10 @@ def train_ddp(rank: int, world_size: int, config: TrainConfig = TrainConfig(),
                 rank_print(f"attempt {attempt}: step {global_step} done, loss {loss.item():.4f}; "
                            "saving a snapshot", only_rank=0)
                 epoch_done = batch + 1 == len(loader)
-                save_snapshot(snapshot, ddp_model, optimizer, scaler, epoch=epoch + epoch_done,
+                save_snapshot(snapshot, job.ddp_model, job.optimizer, job.scaler, epoch=epoch + epoch_done,
                               step_in_epoch=0 if epoch_done else batch + 1, global_step=global_step)
     # endregion
-    params = state_copy(model)
-    del ddp_model, optimizer, model
-    gc.collect()
-    return {"params": params, "losses": losses, "seen": seen, "steps": global_step}
+    return job.finish(losses, seen, steps=global_step)
 
 
 def train_reference(config: TrainConfig, world_size: int) -> dict:
@@ -258,7 +299,10 @@ def main(argv: list[str] | None = None) -> None:
         from .fault_demos import KillAt
 
         fault = KillAt(args.kill_rank, args.kill_at_step)
-    result = train_ddp(rank, world_size, config, args.snapshot, args.snapshot_every, fault)
+    if args.snapshot is None and fault is None:
+        result = train_ddp(rank, world_size, config)
+    else:
+        result = train_resumable(rank, world_size, config, args.snapshot, args.snapshot_every, fault)
     if rank == 0:  # rank-0-only saving and printing
         torch.save(result["params"], args.out)
         print(f"rank 0 of {world_size}: finished at step {result['steps']}, "

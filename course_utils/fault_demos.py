@@ -117,7 +117,7 @@ def kill_myself(_tmp: Path) -> None:
 
 
 class KillAt:
-    """A fault to inject into ``train_ddp(..., before_step=KillAt(rank, step))`` (notebook 08).
+    """A fault to inject into ``train_resumable(..., before_step=KillAt(rank, step))`` (notebook 08).
 
     Rank ``rank`` sends itself SIGKILL once ``step`` steps are done, on the first attempt only
     (``TORCHELASTIC_RESTART_COUNT`` is 0), so that a job restarted by torchrun runs through.

@@ -200,6 +200,7 @@ CASES = {
     "ddp_demos.ddp_buckets": (2, (0.25, 2)),
     "ddp_demos.mismatched_all_reduce": (2, (True,)),
     "ddp_train.train_ddp": (2, (TINY,)),
+    "ddp_train.train_resumable": (2, (TINY,)),
     "memory._ddp_peak_rank": (2, (BERT, 2)),
     "sharding.by_hand_rank": (2, ()),
     "sharding.api_rank": (2, (2, 8, 1e-2, "{tmp}/ckpt")),
@@ -225,6 +226,7 @@ EXEMPT = {
     "fault_demos.die_while_saving": "kills itself with SIGKILL mid-save by design; it calls no "
                                     "module and no collective, so it has no device to get wrong",
     "devices.audited": "the audit itself",
+    "ddp_train.build_job": "train_ddp and train_resumable build their job with it (audited above)",
     "sharding.dcp_load_rank": "needs the checkpoint that sharding.api_rank writes (audited above); "
                               "tests/test_sharding.py runs the two in turn",
     "debugging.rendezvous_at": "makes its own process group (launch(init=False)) and computes "

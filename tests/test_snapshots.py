@@ -15,7 +15,7 @@ from torch import nn
 
 from course_utils import fault_demos
 from course_utils.amp import grad_scaler
-from course_utils.ddp_train import TrainConfig, train_ddp
+from course_utils.ddp_train import TrainConfig, train_ddp, train_resumable
 from course_utils.distributed import RankError, launch
 from course_utils.fault_demos import KillAt
 from course_utils.snapshots import (
@@ -210,8 +210,8 @@ def test_ddp_resume_after_a_lost_rank_under_launch(tmp_path):
     reference = launch(train_ddp, 2, config, echo=False)[0]
     path = str(tmp_path / "s.pt")
     with pytest.raises(RankError, match="rank 1 raised ProcessDied"):
-        launch(train_ddp, 2, config, path, 2, KillAt(1, 5), echo=False)
-    resumed = launch(train_ddp, 2, config, path, 2, echo=False)[0]
+        launch(train_resumable, 2, config, path, 2, KillAt(1, 5), echo=False)
+    resumed = launch(train_resumable, 2, config, path, 2, echo=False)[0]
     assert resumed["steps"] == 12 and len(resumed["losses"]) == 12 - 4
     assert resumed["losses"] == reference["losses"][4:]
     for key, value in reference["params"].items():
@@ -226,6 +226,6 @@ def test_ddp_resume_after_a_lost_rank_under_launch(tmp_path):
      r"KillAt\(rank=2, step=3\) never fires: the rank must be in \[0, 2\) and the step in \[0, 8\)"),
     (("s.pt", 2, KillAt(0, 8)), r"KillAt\(rank=0, step=8\) never fires"),
 ])
-def test_train_ddp_refuses_bad_snapshot_and_fault_arguments(tmp_path, args, message):
+def test_train_resumable_refuses_bad_snapshot_and_fault_arguments(tmp_path, args, message):
     with pytest.raises(RankError, match=message):
-        launch(train_ddp, 2, TrainConfig(), *args, echo=False)
+        launch(train_resumable, 2, TrainConfig(), *args, echo=False)
