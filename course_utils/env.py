@@ -10,6 +10,7 @@ import platform
 import random
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -17,6 +18,8 @@ from ._checks import check_int
 
 __all__ = [
     "DeviceReport",
+    "NOTEBOOKS_DIR",
+    "course_notebooks",
     "course_plan",
     "device_report",
     "in_colab",
@@ -82,8 +85,38 @@ class DeviceReport:
         return "\n".join(self.lines())
 
 
-def course_plan(gpus: int, nccl: bool, gloo: bool) -> tuple[tuple[str, str], ...]:
-    """What each notebook runs for real on a machine with ``gpus`` GPUs, and what it emulates."""
+#: Where the course's notebooks live in a checkout (``make install`` installs the package in place).
+NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+
+#: Each notebook's topic (its file name without the number) and the label the plan gives it,
+#: in the course's order.
+_TOPICS = {"single_gpu": "one device", "data_parallel": "nn.DataParallel",
+           "data_parallel_by_hand": "DataParallel by hand", "output_device_and_memory": "memory per device",
+           "distributed_data_parallel": "DistributedDataParallel", "mixed_precision": "mixed precision",
+           "choosing_a_strategy": "choosing a strategy", "fault_tolerance_and_multi_node": "faults and nodes",
+           "sharded_data_parallel": "sharded data parallel", "debugging_distributed": "debugging"}
+
+
+def course_notebooks(folder: str | os.PathLike | None = None) -> list[str]:
+    """The course's notebooks after this one, as file stems (``01_single_gpu``...), in order.
+
+    Read from ``folder`` (default: the checkout's ``notebooks/``), so that the plan follows the
+    notebooks as they are numbered now. Where there is no such folder (the package installed
+    alone, as in Colab), the topics the plan knows, numbered in the course's order.
+    """
+    if folder is not None and not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"folder must be a path to the notebooks, got {type(folder).__name__}")
+    folder = NOTEBOOKS_DIR if folder is None else Path(folder)
+    found = sorted(p.stem for p in folder.glob("[0-9][0-9]_*.ipynb")) if folder.is_dir() else []
+    if found:
+        return [stem for stem in found if stem[3:] != "environment_check"]
+    return [f"{number:02d}_{topic}" for number, topic in enumerate(_TOPICS, start=1)]
+
+
+def course_plan(gpus: int, nccl: bool, gloo: bool,
+                notebooks: list[str] | None = None) -> tuple[tuple[str, str], ...]:
+    """What each notebook runs for real on a machine with ``gpus`` GPUs, and what it emulates:
+    one row ``("NN label", text)`` per notebook of :func:`course_notebooks` (or of ``notebooks``)."""
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
         raise ValueError(f"gpus must be an int >= 0, got {gpus!r}")
     multi = gpus >= 2
@@ -116,16 +149,20 @@ def course_plan(gpus: int, nccl: bool, gloo: bool) -> tuple[tuple[str, str], ...
     faults = ("torchrun restarts with NCCL (one GPU per rank); two emulated nodes, each on GPUs "
               "of its own" if multi and nccl else
               "torchrun restarts and two emulated nodes, all on gloo on the CPU")
-    return (
-        ("01 one device", one_device),
-        ("02 nn.DataParallel", dp),
-        ("03 DataParallel by hand", by_hand),
-        ("04 memory per device", memory),
-        ("05 DistributedDataParallel", ddp),
-        ("06 mixed precision", amp),
-        ("07 choosing a strategy", strategies),
-        ("08 faults and nodes", faults),
-    )
+    sharded = "ZeRO 1/2/3 by hand, ZeroRedundancyOptimizer, FSDP2: " + (
+        f"NCCL, one GPU per rank, for jobs of up to {gpus} ranks (larger on gloo); peak GPU memory "
+        "per rank" if multi and nccl else "real processes on the CPU, gloo; memory and bytes counted")
+    debugging = "the broken programs on gloo on the CPU, on every machine; " + (
+        "their fixes on NCCL, one GPU per rank" if multi and nccl else "their fixes too") + (
+        "; the CUDA fork error reproduced" if gpus else "; the CUDA fork error explained, not run")
+    texts = {"single_gpu": one_device, "data_parallel": dp, "data_parallel_by_hand": by_hand,
+             "output_device_and_memory": memory, "distributed_data_parallel": ddp,
+             "mixed_precision": amp, "choosing_a_strategy": strategies,
+             "fault_tolerance_and_multi_node": faults, "sharded_data_parallel": sharded,
+             "debugging_distributed": debugging}
+    stems = course_notebooks() if notebooks is None else notebooks
+    return tuple((f"{stem[:2]} {_TOPICS.get(stem[3:], stem[3:].replace('_', ' '))}",
+                  texts.get(stem[3:], "see the notebook")) for stem in stems)
 
 
 def device_report() -> DeviceReport:

@@ -161,6 +161,8 @@ CASES = [
      TypeError, 'config must be a TrainConfig'),
     ('devices.choose_backend', lambda: devices.choose_backend(0),
      ValueError, 'ranks_on_this_machine must be an int >= 1'),
+    ('env.course_notebooks', lambda: env.course_notebooks(3),
+     TypeError, 'folder must be a path to the notebooks, got int'),
     ('env.course_plan', lambda: env.course_plan(-1, True, True),
      ValueError, 'gpus must be an int >= 0'),
     ('devices.choose_backend', lambda: devices.choose_backend(2, gpus=-1),

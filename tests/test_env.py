@@ -1,11 +1,16 @@
 import random
+import re
 import sys
 import types
+from pathlib import Path
 
+import nbformat
 import pytest
 import torch
 
 from course_utils import env
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 
 
 def test_report_describes_this_machine():
@@ -17,20 +22,45 @@ def test_report_describes_this_machine():
     text = str(report)
     assert f"PyTorch          : {torch.__version__}" in text
     assert "gloo available" in text and "NCCL available" in text
-    plan = report.plan_lines()
-    assert [line.split()[0] for line in plan] == ["01", "02", "03", "04", "05", "06", "07", "08"]
+    # every notebook after this one, numbered as its file is: derived from notebooks/, not typed
+    after_00 = [p.name[:2] for p in NOTEBOOKS if not p.name.startswith("00_")]
+    assert len(after_00) >= 10
+    assert [line.split()[0] for line in report.plan_lines()] == after_00
+    assert env.course_notebooks() == [p.stem for p in NOTEBOOKS if not p.name.startswith("00_")]
+
+
+def test_every_notebook_has_its_own_plan_entry_and_row_in_notebook_00():
+    stems = [p.stem for p in NOTEBOOKS if not p.name.startswith("00_")]
+    for (label, text), stem in zip(env.course_plan(0, nccl=False, gloo=True), stems, strict=True):
+        assert label.startswith(stem[:2] + " ") and text != "see the notebook", stem
+    # installed without the notebooks (Colab): the topics in the course's order, numbered alike
+    assert env.course_notebooks("no-such-folder") == stems
+    table = [c.source for c in nbformat.read(NOTEBOOKS[0], as_version=4).cells
+             if c.cell_type == "markdown" and "| notebook |" in c.source]
+    assert [row[2:4] for row in table[0].splitlines() if re.match(r"\| \d\d ", row)] == \
+        [stem[:2] for stem in stems]
+
+
+def test_the_plan_follows_the_notebooks_it_is_given():
+    plan = env.course_plan(0, nccl=False, gloo=True, notebooks=["01_single_gpu", "02_new_topic"])
+    assert plan == (("01 one device", "the CPU (cuda:N is explained, not run)"),
+                    ("02 new topic", "see the notebook"))
+
+
+def topics(plan):
+    """The plan's rows by label without the number, which a renumbering changes."""
+    return {label.split(" ", 1)[1]: text for label, text in plan}
 
 
 def test_plan_follows_the_hardware():
-    no_gpu = dict(env.course_plan(0, nccl=False, gloo=True))
-    two = dict(env.course_plan(2, nccl=True, gloo=True))
-    assert "pass-through" in no_gpu["02 nn.DataParallel"]
-    assert "emulation" in no_gpu["03 DataParallel by hand"]
-    assert "gloo" in no_gpu["05 DistributedDataParallel"]
-    assert "2 GPUs" in two["02 nn.DataParallel"]
-    assert "NCCL" in two["05 DistributedDataParallel"]
-    assert "unavailable" in dict(env.course_plan(0, nccl=False, gloo=False))[
-        "05 DistributedDataParallel"]
+    no_gpu = topics(env.course_plan(0, nccl=False, gloo=True))
+    two = topics(env.course_plan(2, nccl=True, gloo=True))
+    assert "pass-through" in no_gpu["nn.DataParallel"]
+    assert "emulation" in no_gpu["DataParallel by hand"]
+    assert "gloo" in no_gpu["DistributedDataParallel"]
+    assert "2 GPUs" in two["nn.DataParallel"]
+    assert "NCCL" in two["DistributedDataParallel"]
+    assert "unavailable" in topics(env.course_plan(0, nccl=False, gloo=False))["DistributedDataParallel"]
 
 
 @pytest.mark.parametrize("gpus", [0, 1, 2, 3, 8])
@@ -41,16 +71,23 @@ def test_the_plan_says_what_the_launchers_decide(gpus, nccl, monkeypatch):
 
     monkeypatch.delenv(devices.BACKEND_VARIABLE, raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    plan = dict(env.course_plan(gpus, nccl=nccl, gloo=True))
+    from course_utils import debugging
+
+    plan = topics(env.course_plan(gpus, nccl=nccl, gloo=True))
     two_rank_backend = devices.choose_backend(2, gpus=gpus, nccl_available=nccl)
-    assert ("NCCL, one GPU per rank" in plan["05 DistributedDataParallel"]) == (two_rank_backend == "nccl")
+    assert ("NCCL, one GPU per rank" in plan["DistributedDataParallel"]) == (two_rank_backend == "nccl")
     on_gpus = bench.strategy_placement(bench.STRATEGIES, 2, gpus=gpus, nccl=nccl) == "gpu"
-    assert ("on GPUs" in plan["07 choosing a strategy"]) == on_gpus
+    assert ("on GPUs" in plan["choosing a strategy"]) == on_gpus
     node_env = devices.emulated_node_env(0, 2, 1, gpus=gpus)
     nodes_on_gpus = "CUDA_VISIBLE_DEVICES" in node_env and two_rank_backend == "nccl"
-    assert ("GPUs of its own" in plan["08 faults and nodes"]) == nodes_on_gpus
-    assert ("cuda:0" in plan["01 one device"]) == (gpus > 0)
-    assert ("measured on" in plan["04 memory per device"]) == (gpus >= 2)
+    assert ("GPUs of its own" in plan["faults and nodes"]) == nodes_on_gpus
+    assert ("cuda:0" in plan["one device"]) == (gpus > 0)
+    assert ("measured on" in plan["memory per device"]) == (gpus >= 2)
+    # notebook 09 launches 2 ranks with launch's choice; notebook 10's zoo is gloo by name
+    assert ("NCCL, one GPU per rank" in plan["sharded data parallel"]) == (two_rank_backend == "nccl")
+    assert debugging.ZOO_BACKEND == "gloo" and "broken programs on gloo" in plan["debugging"]
+    assert ("fixes on NCCL" in plan["debugging"]) == (two_rank_backend == "nccl")
+    assert ("fork error reproduced" in plan["debugging"]) == (gpus > 0)  # where CUDA is available
 
 
 def test_in_colab(monkeypatch):
