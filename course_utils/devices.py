@@ -151,10 +151,13 @@ def emulated_node_env(node: int, nnodes: int, nproc_per_node: int, *,
 
 # ----------------------------------------------------------------------------- the audit
 
-#: Collectives whose tensor arguments must be on the rank's device.
-_COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-                "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-                "send", "recv", "isend", "irecv", "gather", "scatter")
+#: Collectives whose tensor arguments must be on the rank's device; the flat all-gather and
+#: reduce-scatter under both releases' names (2.13's ``*_single``, see compat), since the
+#: course's ZeRO by hand calls whichever this torch has.
+_COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single",
+                "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_single",
+                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "send", "recv", "isend",
+                "irecv", "gather", "scatter")
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:

@@ -21,8 +21,12 @@ The rank functions (``by_hand_rank``, ``api_rank``, ``dcp_load_rank``) train ``t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+import functools
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,14 +36,17 @@ from .memory import Ledger, ModelSpec, ledger
 from .zero import STAGES, CommLog, ZeroByHand, shard_numel
 
 __all__ = [
+    "PASSES",
     "SHARDED",
     "ShardedLedger",
     "api_rank",
     "by_hand_rank",
     "comm_bytes_per_step",
+    "cuda_peak",
     "dcp_load_rank",
     "fsdp_local_numel",
     "fsdp_model",
+    "logged_collectives",
     "model_state_bytes",
     "sharded_bytes",
     "shard_layers",
@@ -98,14 +105,74 @@ def sharded_bytes(numels: Sequence[int], world_size: int, strategy: str, *, rank
             "optimizer state": (shard if k else full) * state_bytes}
 
 
+#: strategy -> passes of sΨ(N-1)/N bytes each rank sends per step: DDP and ZeRO-1/2 reduce and
+#: gather once each (an all-reduce is both); ZeRO-3 and FSDP gather twice; PyTorch's
+#: ZeroRedundancyOptimizer with DDP all-reduces every gradient, then broadcasts every parameter
+PASSES = {"ddp": 2, "zero1": 2, "zero2": 2, "zero3": 3, "fsdp": 3, "zero_redundancy": 3}
+
+
 def comm_bytes_per_step(numel: int, world_size: int, strategy: str, itemsize: int = 4) -> float:
-    """Bytes one rank sends per training step: ``2 sΨ(N-1)/N`` (DDP, ZeRO-1/2), ``3 sΨ(N-1)/N`` (ZeRO-3)."""
-    _check_strategy(strategy)
+    """Bytes one rank sends per training step: ``2 sΨ(N-1)/N`` (DDP, ZeRO-1/2), ``3 sΨ(N-1)/N``
+    (ZeRO-3, FSDP, and ``"zero_redundancy"``: ``ZeroRedundancyOptimizer`` with DDP)."""
+    if strategy not in PASSES:
+        raise ValueError(f"strategy must be one of {tuple(PASSES)}, got {strategy!r}")
     world_size = check_positive_int("world_size", world_size)
     if check_int("numel", numel) < 0:
         raise ValueError(f"numel must be >= 0, got {numel}")
-    passes = 3 if strategy in ("zero3", "fsdp") else 2
-    return passes * numel * itemsize * (world_size - 1) / world_size
+    return PASSES[strategy] * numel * itemsize * (world_size - 1) / world_size
+
+
+#: the collectives whose traffic logged_collectives counts (the flat ones under either release's
+#: name, see compat), and the CommLog kind each counts as
+_LOGGED = {"all_reduce": "all_reduce", "broadcast": "broadcast",
+           "all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather",
+           "reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter"}
+
+
+@contextlib.contextmanager
+def logged_collectives(log: CommLog) -> Iterator[None]:
+    """While inside, count in ``log`` what torch's own code hands to ``dist.all_reduce``,
+    ``dist.broadcast`` and the flat all-gather and reduce-scatter (either release's name), as
+    ``CommLog`` counts the by-hand stages (notebook 09). It replaces the functions in
+    ``torch.distributed``, which torch's Python code calls (a deprecated name calls the new one
+    inside ``distributed_c10d``, unreplaced: one count). DDP's all-reduce runs in C++ unless a
+    Python communication hook calls ``dist.all_reduce``: register ``allreduce_hook`` to count it."""
+    import torch.distributed as dist
+
+    def counting(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        kind = _LOGGED[name]
+        parameters = inspect.signature(original)
+
+        @functools.wraps(original)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            bound = parameters.bind(*args, **kwargs)
+            bound.apply_defaults()
+            first, second = list(bound.arguments.values())[:2]
+            log.count(kind, second if kind == "all_gather" else first)  # all-gather: (output, input)
+            return original(*args, **kwargs)
+        return call
+
+    originals = {name: getattr(dist, name) for name in _LOGGED if hasattr(dist, name)}
+    for name, original in originals.items():
+        setattr(dist, name, counting(name, original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+
+
+@contextlib.contextmanager
+def cuda_peak(device: torch.device, peaks: dict[str, int], name: str) -> Iterator[None]:
+    """On a GPU, record in ``peaks[name]`` the most memory allocated on ``device`` during the
+    block: the peak is reset first, so what earlier blocks allocated and freed does not count
+    (what they left allocated does). Nothing on the CPU."""
+    if device.type != "cuda":
+        yield
+        return
+    torch.cuda.reset_peak_memory_stats(device)
+    yield
+    peaks[name] = torch.cuda.max_memory_allocated(device)
 
 
 @dataclasses.dataclass
@@ -208,8 +275,12 @@ def by_hand_rank(rank: int, world_size: int, stages: Sequence[int] = (0, 1, 2, 3
 
 
 def shard_layers(model: nn.Module, *, mixed_precision: bool = False,
-                 reshard_after_forward: bool = True) -> nn.Module:
-    """FSDP2: ``fully_shard`` on each ``nn.Linear`` of ``model`` (one unit each), then on the root."""
+                 reshard_after_forward: bool | None = None) -> nn.Module:
+    """FSDP2: ``fully_shard`` on each ``nn.Linear`` of ``model`` (one unit each), then on the root.
+
+    ``reshard_after_forward``: ``fully_shard``'s own default, ``None``, frees each layer's gathered
+    parameters after its forward but keeps the root's (it has none of its own here); ``False``
+    keeps every layer's from forward to backward."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if not isinstance(model, nn.Module):
@@ -223,13 +294,10 @@ def shard_layers(model: nn.Module, *, mixed_precision: bool = False,
     return model
 
 
-def fsdp_model(mixed_precision: bool = False, reshard_after_forward: bool = True) -> nn.Module:
+def fsdp_model(mixed_precision: bool = False, reshard_after_forward: bool | None = None) -> nn.Module:
     """``toy_model()`` on this rank's device, sharded by ``shard_layers``."""
     from .devices import rank_device
 
-    if not isinstance(mixed_precision, bool) or not isinstance(reshard_after_forward, bool):
-        raise TypeError(f"mixed_precision and reshard_after_forward must be True or False, got "
-                        f"{mixed_precision!r} and {reshard_after_forward!r}")
     return shard_layers(toy_model().to(rank_device()), mixed_precision=mixed_precision,
                         reshard_after_forward=reshard_after_forward)
 
@@ -257,9 +325,12 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int
 def api_rank(rank: int, world_size: int, steps: int = 3, rows: int = 12, lr: float = 1e-2,
              checkpoint: str | None = None) -> dict:
     """One rank: ``ZeroRedundancyOptimizer`` with DDP, then FSDP2 (fp32, with gradient clipping
-    measured across shards, then bf16 compute), optionally saving the fp32 model with DCP."""
+    measured across shards; with ``reshard_after_forward=False``; a bf16 forward and backward),
+    optionally saving the fp32 model with DCP. Counts what each run sends per step
+    (:func:`logged_collectives`) and, on a GPU, each run's own peak memory (:func:`cuda_peak`)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -269,30 +340,35 @@ def api_rank(rank: int, world_size: int, steps: int = 3, rows: int = 12, lr: flo
     device = rank_device()
     batches = [(x.chunk(world_size)[rank].to(device), y.chunk(world_size)[rank].to(device))
                for x, y in toy_batches(steps, rows)]
+    peaks: dict[str, int] = {}
+    logs = {run: CommLog() for run in ("zero_redundancy", "fsdp", "fsdp_kept", "bf16")}
     model = toy_model().to(device)
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    # region: zero-redundancy
-    optimizer = ZeroRedundancyOptimizer(ddp_model.parameters(), optimizer_class=torch.optim.AdamW, lr=lr)
-    for x, y in batches:
-        optimizer.zero_grad()
-        nn.functional.mse_loss(ddp_model(x), y).backward()
-        optimizer.step()
-    # endregion
+    ddp_model.register_comm_hook(None, default_hooks.allreduce_hook)  # DDP's all-reduce, counted
+    with cuda_peak(device, peaks, "zero_redundancy"), logged_collectives(logs["zero_redundancy"]):
+        # region: zero-redundancy
+        optimizer = ZeroRedundancyOptimizer(ddp_model.parameters(), optimizer_class=torch.optim.AdamW, lr=lr)
+        for x, y in batches:
+            optimizer.zero_grad()
+            nn.functional.mse_loss(ddp_model(x), y).backward()
+            optimizer.step()
+        # endregion
     zero_state = sum(v.numel() * v.element_size() for s in optimizer.optim.state.values()
                      for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
     out: dict = {"zero_redundancy": [p.detach().cpu() for p in model.parameters()],
                  "zero_redundancy_state": zero_state}
-    del ddp_model, optimizer
+    del ddp_model, optimizer, model
 
-    # region: fsdp
-    model = fsdp_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    for x, y in batches:
-        optimizer.zero_grad()
-        nn.functional.mse_loss(model(x), y).backward()
-        norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9)  # measures, clips nothing
-        optimizer.step()
-    # endregion
+    with cuda_peak(device, peaks, "fsdp"), logged_collectives(logs["fsdp"]):
+        # region: fsdp
+        model = fsdp_model()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        for x, y in batches:
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9)  # measures, clips nothing
+            optimizer.step()
+        # endregion
     weight = model[0].weight
     local_grad_sq = sum(p.grad.to_local().float().square().sum() for p in model.parameters())
     out["fsdp"] = [p.full_tensor().cpu() for p in model.parameters()]
@@ -309,23 +385,31 @@ def api_rank(rank: int, world_size: int, steps: int = 3, rows: int = 12, lr: flo
     if checkpoint is not None:
         dcp.save(get_model_state_dict(model), checkpoint_id=checkpoint)
         dist.barrier()
-    del optimizer
+    del optimizer, model
 
-    kept = fsdp_model(reshard_after_forward=False)  # parameters stay gathered from forward to backward
-    optimizer = torch.optim.AdamW(kept.parameters(), lr=lr)
-    for x, y in batches:
-        optimizer.zero_grad()
-        nn.functional.mse_loss(kept(x), y).backward()
-        optimizer.step()
+    with cuda_peak(device, peaks, "fsdp_kept"), logged_collectives(logs["fsdp_kept"]):
+        kept = fsdp_model(reshard_after_forward=False)  # parameters stay gathered from forward to backward
+        optimizer = torch.optim.AdamW(kept.parameters(), lr=lr)
+        for x, y in batches:
+            optimizer.zero_grad()
+            nn.functional.mse_loss(kept(x), y).backward()
+            optimizer.step()
     out["fsdp_kept"] = [p.full_tensor().cpu() for p in kept.parameters()]
+    del optimizer, kept
 
-    mixed = fsdp_model(mixed_precision=True)
-    x, y = batches[0]
-    output = mixed(x)
+    with cuda_peak(device, peaks, "bf16"), logged_collectives(logs["bf16"]):
+        mixed = fsdp_model(mixed_precision=True)
+        x, y = batches[0]
+        output = mixed(x)
+        loss = nn.functional.mse_loss(output.float(), y)
+        loss.backward()
     out["bf16"] = {"output dtype": str(output.dtype), "sharded dtype": str(mixed[0].weight.dtype),
-                   "loss": nn.functional.mse_loss(output.float(), y).item()}
-    if device.type == "cuda":
-        out["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device)
+                   "gradient dtype": str(mixed[0].weight.grad.dtype), "loss": loss.item(),
+                   "all-gathered in": sorted(logs["bf16"].dtypes["all_gather"]),
+                   "reduce-scattered in": sorted(logs["bf16"].dtypes["reduce_scatter"])}
+    out["sent"] = {run: {kind: sent / steps for kind, sent in logs[run].sent.items() if sent}
+                   for run in ("zero_redundancy", "fsdp", "fsdp_kept")}  # bytes per training step
+    out["cuda_peak_bytes"] = peaks
     return out
 
 

@@ -44,35 +44,48 @@ def shard_numel(numel: int, world_size: int) -> int:
 
 
 class CommLog:
-    """The three collectives of ZeRO, each logging what one rank sends in a ring (notebook 09).
+    """What one rank sends in a ring implementation of each collective (notebook 09).
 
     A ring all-reduce of B bytes sends ``2 B (N-1)/N``; a reduce-scatter sends ``(N-1)`` output
-    chunks, an all-gather ``(N-1)`` input chunks: ``B (N-1)/N`` each for a full size of B.
+    chunks, an all-gather ``(N-1)`` input chunks: ``B (N-1)/N`` each for a full size of B; a
+    broadcast of B bytes, passed along the ring, is sent by N-1 ranks: ``B (N-1)/N`` on average.
+    ``dtypes`` records the dtypes each kind of collective carried.
     """
 
     def __init__(self) -> None:
-        self.sent: dict[str, float] = {"all_reduce": 0.0, "reduce_scatter": 0.0, "all_gather": 0.0}
+        self.sent: dict[str, float] = {"all_reduce": 0.0, "reduce_scatter": 0.0, "all_gather": 0.0,
+                                       "broadcast": 0.0}
         self.calls: dict[str, int] = dict.fromkeys(self.sent, 0)
+        self.dtypes: dict[str, set[str]] = {kind: set() for kind in self.sent}
 
     @property
     def total(self) -> float:
         return sum(self.sent.values())
 
-    def _log(self, kind: str, nbytes: float) -> None:
-        self.sent[kind] += nbytes  # a float: a ring's all-reduce of B bytes sends 2B(N-1)/N on average
+    def count(self, kind: str, tensor: torch.Tensor) -> None:
+        """Log one collective of ``kind``. ``tensor``: the whole tensor of an all-reduce or a
+        broadcast, the output (a shard) of a reduce-scatter, the input (a shard) of an all-gather."""
+        n, nbytes = dist.get_world_size(), tensor.nbytes
+        if kind == "all_reduce":
+            sent: float = ring_bytes_per_rank(nbytes, n)  # 2B(N-1)/N: a float, on average
+        elif kind == "broadcast":
+            sent = nbytes * (n - 1) / n
+        else:  # reduce-scatter and all-gather: N-1 shards
+            sent = (n - 1) * nbytes
+        self.sent[kind] += sent
         self.calls[kind] += 1
+        self.dtypes[kind].add(str(tensor.dtype))
 
     def all_reduce(self, tensor: torch.Tensor) -> None:
-        n = dist.get_world_size()
-        self._log("all_reduce", ring_bytes_per_rank(tensor.nbytes, n))
+        self.count("all_reduce", tensor)
         dist.all_reduce(tensor)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor) -> None:  # noqa: A002
-        self._log("reduce_scatter", (dist.get_world_size() - 1) * output.nbytes)
+        self.count("reduce_scatter", output)
         reduce_scatter_single(output, input)  # its name differs between releases: see compat
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:  # noqa: A002
-        self._log("all_gather", (dist.get_world_size() - 1) * input.nbytes)
+        self.count("all_gather", input)
         all_gather_single(output, input)
 
 

@@ -6,7 +6,7 @@ import torch
 from course_utils import sharding
 from course_utils.distributed import launch
 from course_utils.memory import ModelSpec, ledger
-from course_utils.zero import STAGES, ZeroByHand, shard_numel
+from course_utils.zero import STAGES, CommLog, ZeroByHand, shard_numel
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +36,42 @@ def test_every_stage_equals_ddp_and_one_process(world_size, single):
         assert out["zero3"]["sent"]["all_gather"] == 2 * out["zero1"]["sent"]["all_gather"]
 
 
+def _api_rank_with_peaks_seen(rank, world_size, *args):
+    """api_rank, with cuda_peak replaced by a stand-in that notes the blocks it measures."""
+    import contextlib
+
+    blocks = []
+
+    @contextlib.contextmanager
+    def noting(device, peaks, name):
+        blocks.append(name)
+        yield
+        peaks[name] = len(blocks)
+
+    sharding.cuda_peak = noting
+    return sharding.api_rank(rank, world_size, *args), blocks
+
+
 def test_api_runs_equal_one_process_and_a_checkpoint_reshards_bitwise(tmp_path, single):
     path = str(tmp_path / "ckpt")
-    saved = launch(sharding.api_rank, 2, 3, 12, 1e-2, path, echo=False)
+    saved, blocks = zip(*launch(_api_rank_with_peaks_seen, 2, 3, 12, 1e-2, path, echo=False), strict=True)
+    # each run's GPU peak is measured over that run alone (cuda_peak resets, see below)
+    assert blocks[0] == ["zero_redundancy", "fsdp", "fsdp_kept", "bf16"]
+    assert saved[0]["cuda_peak_bytes"] == {"zero_redundancy": 1, "fsdp": 2, "fsdp_kept": 3, "bf16": 4}
+    psi = sum(p.numel() for p in single)  # 1732: every layer splits evenly over 2 ranks
+    for out in saved:
+        # bytes per step, counted as the by-hand stages are: ZeroRedundancyOptimizer with DDP
+        # all-reduces every gradient, then broadcasts every parameter: 1.5 times DDP's traffic
+        assert out["sent"]["zero_redundancy"] == {"all_reduce": sharding.comm_bytes_per_step(psi, 2, "ddp"),
+                                                  "broadcast": 4 * psi / 2}
+        assert sum(out["sent"]["zero_redundancy"].values()) == sharding.comm_bytes_per_step(
+            psi, 2, "zero_redundancy") == 1.5 * sharding.comm_bytes_per_step(psi, 2, "zero1")
+        assert out["sent"]["fsdp"] == {"reduce_scatter": 4 * psi / 2, "all_gather": 2 * 4 * psi / 2}
+        assert sum(out["sent"]["fsdp_kept"].values()) == sharding.comm_bytes_per_step(psi, 2, "zero2")
+        # bf16 compute: parameters gathered in bf16, gradients reduced in fp32, as the policy says
+        assert out["bf16"]["all-gathered in"] == ["torch.bfloat16"]
+        assert out["bf16"]["reduce-scattered in"] == ["torch.float32"]
+        assert out["bf16"]["gradient dtype"] == "torch.float32"
     for rank, out in enumerate(saved):
         torch.testing.assert_close(out["zero_redundancy"], single)
         torch.testing.assert_close(out["fsdp"], single)
@@ -111,3 +144,54 @@ def test_comm_formulas():
 def test_zero_by_hand_needs_a_process_group():
     with pytest.raises(RuntimeError, match="needs a process group"):
         ZeroByHand(torch.nn.Linear(2, 2), 1)
+
+
+def test_cuda_peak_measures_each_block_alone(monkeypatch):
+    """A block's peak is its own: reset first, so a larger earlier block does not show in a later one."""
+    allocator = {"now": 0, "peak": 0}
+
+    def allocate(nbytes):
+        allocator["now"] += nbytes
+        allocator["peak"] = max(allocator["peak"], allocator["now"])
+        allocator["now"] -= nbytes  # freed at once
+
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda device: allocator.update(peak=allocator["now"]))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: allocator["peak"])
+    peaks = {}
+    cuda = torch.device("cuda", 0)
+    with sharding.cuda_peak(cuda, peaks, "big"):
+        allocate(1000)
+    with sharding.cuda_peak(cuda, peaks, "small"):
+        allocate(10)
+    assert peaks == {"big": 1000, "small": 10}
+    with sharding.cuda_peak(torch.device("cpu"), peaks, "cpu"):
+        allocate(5)
+    assert "cpu" not in peaks
+
+
+def test_logged_collectives_counts_torchs_calls_once_under_either_name():
+    results = launch(_logged_calls, 2, echo=False, backend="gloo")
+    for sent, calls, dtypes in results:
+        assert calls == {"all_reduce": 1, "reduce_scatter": 2, "all_gather": 2, "broadcast": 1}
+        # the all-gathers' shards: 16 bytes of float32, then 8 of bfloat16
+        assert sent == {"all_reduce": 2 * 16 / 2, "reduce_scatter": 2 * 8, "all_gather": 16 + 8,
+                        "broadcast": 8 / 2}
+        assert dtypes["all_gather"] == {"torch.float32", "torch.bfloat16"}
+
+
+def _logged_calls(rank, world_size):
+    import torch.distributed as dist
+
+    log, original = CommLog(), dist.all_reduce
+    with sharding.logged_collectives(log):
+        dist.all_reduce(torch.ones(4))  # 16 bytes
+        dist.broadcast(torch.ones(2), 0)  # 8 bytes
+        for old in (False, True):  # 2.13's names, then the deprecated ones (which call them)
+            gather = dist.all_gather_into_tensor if old else dist.all_gather_single
+            scatter = dist.reduce_scatter_tensor if old else dist.reduce_scatter_single
+            dtype = torch.bfloat16 if old else torch.float32
+            gather(torch.empty(4 * world_size, dtype=dtype), torch.ones(4, dtype=dtype))
+            scatter(torch.empty(2), torch.ones(2 * world_size))
+    assert dist.all_reduce is original  # put back on the way out
+    return log.sent, log.calls, log.dtypes
