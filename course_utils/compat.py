@@ -8,21 +8,32 @@ release it is on.
 - ``reduce_scatter_single`` / ``all_gather_single``: the collectives on one flat tensor (notebook
   09). Torch 2.13 named them so; every earlier release calls them ``reduce_scatter_tensor`` and
   ``all_gather_into_tensor``, names that 2.13 still accepts with a ``FutureWarning``.
+- ``dump_flight_recorder``: this process's Flight Recorder buffer (notebook 10). Torch 2.13 dumps
+  it with ``torch._C._distributed_c10d._dump_fr_trace`` only; 2.11 has that name and the older
+  ``_dump_nccl_trace``. Both releases record gloo's collectives as well as NCCL's (measured).
+- ``analyzer_reads_gloo``: torch's Flight Recorder analyzer (``torch.distributed.flight_recorder``)
+  reads gloo's entries in 2.13; 2.11's stops at them ("gloo != 'nccl' or 'xccl'").
 """
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["COLLECTIVE_NAMES", "all_gather_single", "collective_name", "reduce_scatter_single",
+__all__ = ["COLLECTIVE_NAMES", "FLIGHT_RECORDER_DUMPS", "all_gather_single", "analyzer_reads_gloo",
+           "collective_name", "dump_flight_recorder", "flight_recorder_dump_name", "reduce_scatter_single",
            "torch_release"]
 
 #: The flat-tensor collectives: torch 2.13's name, and the name every earlier release uses.
 COLLECTIVE_NAMES = {"reduce_scatter_single": "reduce_scatter_tensor",
                     "all_gather_single": "all_gather_into_tensor"}
+
+#: The functions that return the Flight Recorder's buffer, the current name first: 2.13 has only
+#: the first, 2.11 both (the second is the older name).
+FLIGHT_RECORDER_DUMPS = ("_dump_fr_trace", "_dump_nccl_trace")
 
 
 def torch_release() -> tuple[int, int]:
@@ -46,3 +57,39 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, **kwargs: A
 def all_gather_single(output: torch.Tensor, input: torch.Tensor, **kwargs: Any) -> Any:  # noqa: A002
     """Every rank's ``input``, in rank order, concatenated into ``output`` (N times its size)."""
     return getattr(dist, collective_name("all_gather_single"))(output, input, **kwargs)
+
+
+def flight_recorder_dump_name() -> str | None:
+    """The name of this torch's function that dumps the Flight Recorder, or ``None`` (notebook 10)."""
+    c10d = getattr(torch._C, "_distributed_c10d", None)  # absent from builds without distributed
+    return next((name for name in FLIGHT_RECORDER_DUMPS if hasattr(c10d, name)), None)
+
+
+def dump_flight_recorder(*, collectives: bool = True, stacks: bool = True) -> dict | None:
+    """This process's Flight Recorder buffer, unpickled; ``None`` where this torch cannot dump it.
+
+    The buffer keeps the last ``TORCH_FR_BUFFER_SIZE`` collectives (2000 by default), each with its
+    group, sequence number, operation, sizes, dtypes, state and (with ``stacks``) Python stack,
+    and ``pg_status``: per group, the last collective enqueued and the last completed.
+    """
+    name = flight_recorder_dump_name()
+    if name is None:
+        return None
+    dump = getattr(torch._C._distributed_c10d, name)
+    return pickle.loads(dump(includeCollectives=collectives, includeStackTraces=stacks, onlyActive=False))
+
+
+def analyzer_reads_gloo() -> bool:
+    """Whether torch's Flight Recorder analyzer accepts gloo's entries (2.13's does, 2.11's does not).
+
+    Asked of the analyzer itself: its ``Op`` checks an entry's backend before anything else.
+    """
+    from torch.distributed.flight_recorder.components.types import Op
+
+    try:
+        Op({"profiling_name": "gloo:all_reduce"}, {}, "")
+    except AssertionError as err:
+        return "gloo" not in str(err)  # 2.11: "name formatting error? gloo != 'nccl' or 'xccl'"
+    except Exception:  # noqa: BLE001 - past the backend check: the probe lacks the other fields
+        return True
+    return True

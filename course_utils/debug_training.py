@@ -9,14 +9,16 @@ computes in one process what the ranks must end with, so a fix is asserted, not 
 - uneven inputs: a rank with more batches hangs the others (:func:`train_uneven` ``"plain"``);
   the ``Join`` context manager (``"join"``) and equal-length shards (``"equal"``) both finish and
   equal :func:`uneven_reference`;
-- parameters that get no gradient, ranks seeded differently, compression hooks on gloo, and the
-  prefixes that wrappers add to a state dict.
+- ``Join`` with a collective of our own inside the joined loop (:func:`train_joined_logging`);
+- parameters that get no gradient, ranks seeded differently, compression hooks on gloo (and what
+  DDP's check of ``bf16_compress_hook`` really looks at: :func:`built_as`), and the prefixes that
+  wrappers add to a state dict.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -34,11 +36,15 @@ __all__ = [
     "accumulate_step_off_by_one",
     "accumulation_data",
     "accumulation_reference",
+    "BUILDS",
     "bf16_compress_on_gloo",
+    "built_as",
     "different_seeds",
     "small_model",
     "train_accumulating",
+    "torch_bf16_hook",
     "train_compressed",
+    "train_joined_logging",
     "train_uneven",
     "train_unused",
     "uneven_batches",
@@ -191,6 +197,33 @@ def uneven_reference(batches_per_rank: list[int], mode: str) -> dict[str, torch.
     return state_copy(model)
 
 
+def train_joined_logging(rank: int, world_size: int, batches_per_rank: list[int],
+                         log_inside: bool) -> dict[str, Any]:
+    """``Join`` with a mean loss of our own, all-reduced ``log_inside`` the joined loop every step
+    (the bug: ``Join`` shadows the collectives of its joinables, DDP's, not ours) or once after it
+    (the fix: every rank gets there). Returns the mean loss over every rank's batches and steps."""
+    from torch.distributed.algorithms.join import Join
+
+    device = rank_device()
+    ddp_model = DDP(small_model().to(device))
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=LR)
+    totals = torch.zeros(2, device=device)  # this rank's loss sum and batch count
+    # region: logged
+    with Join([ddp_model]):
+        for x, y in uneven_batches(batches_per_rank, rank):
+            loss = F.mse_loss(ddp_model(x.to(device)), y.to(device))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            totals += torch.stack([loss.detach(), torch.ones((), device=device)])
+            if log_inside:
+                logged = loss.detach().clone()
+                dist.all_reduce(logged)  # the bug: a collective of our own, which Join does not shadow
+    dist.all_reduce(totals)  # the fix: after the joined loop, where every rank arrives
+    # endregion
+    return {"mean loss": (totals[0] / totals[1]).item(), "batches": int(totals[1].item())}
+
+
 # ----------------------------------------------------------------------------- unused parameters
 
 def train_unused(rank: int, world_size: int, mode: str, steps: int = 3) -> list[float]:
@@ -251,8 +284,48 @@ def different_seeds(rank: int, world_size: int) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- compression hooks
 
+#: What DDP's check of ``bf16_compress_hook`` reads, as two builds of torch have it: the CUDA
+#: version it was built with (``torch.version.cuda``; ROCm's ``torch.version.hip`` counts too), its
+#: NCCL (built in, and which version), and XPU with XCCL.
+BUILDS = {"a CPU build": {"cuda": None, "nccl": None},
+          "a CUDA build with NCCL 2.21": {"cuda": "12.8", "nccl": (2, 21, 5)}}
+
+
+@contextlib.contextmanager
+def built_as(cuda: str | None, nccl: tuple[int, ...] | None) -> Iterator[None]:
+    """While inside, torch tells DDP's check of ``bf16_compress_hook`` that it was built with CUDA
+    ``cuda`` (``None``: without CUDA) and NCCL ``nccl`` (``None``: without NCCL); no XPU. Only the
+    answers to those questions change: collectives still run on the process group's backend."""
+    saved = (torch.version.cuda, torch.version.hip, dist.is_nccl_available, dist.is_xccl_available,
+             torch.cuda.nccl.version)
+    torch.version.cuda, torch.version.hip = cuda, None
+    dist.is_nccl_available = lambda: nccl is not None
+    dist.is_xccl_available = lambda: False
+    torch.cuda.nccl.version = lambda: nccl
+    try:
+        yield
+    finally:
+        (torch.version.cuda, torch.version.hip, dist.is_nccl_available, dist.is_xccl_available,
+         torch.cuda.nccl.version) = saved
+
+
+def torch_bf16_hook(rank: int, world_size: int, build: str | None, steps: int = 20) -> dict[str, Any]:
+    """PyTorch's own ``bf16_compress_hook`` in DDP on this group's backend (gloo in notebook 10),
+    registered as this torch is built (``build=None``) or as :data:`BUILDS` ``[build]`` would be.
+    Raises DDP's ``TypeError`` where its check refuses; else trains as :func:`train_compressed`."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    ddp_model = DDP(small_model().to(rank_device()))
+    with built_as(**BUILDS[build]) if build is not None else contextlib.nullcontext():
+        ddp_model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=LR)
+    losses = _sine_steps(ddp_model, optimizer, rank, steps, rows=16)
+    return {"losses": losses, "params": state_copy(ddp_model.module)}
+
+
 def bf16_compress_on_gloo(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """A bf16 compression hook that runs on gloo (PyTorch's ``bf16_compress_hook`` needs NCCL):
+    """PyTorch's ``bf16_compress_hook`` under another name, which DDP accepts on any build (its
+    check refuses the hook *named* ``bf16_compress_hook`` on builds without CUDA and NCCL 2.10+):
     the bucket travels as bfloat16, is averaged, and is written back in its own dtype."""
     group = state if state is not None else dist.group.WORLD
     buffer = bucket.buffer()
@@ -305,11 +378,20 @@ def train_compressed(rank: int, world_size: int, hook: str, steps: int = 20) -> 
 
 # ----------------------------------------------------------------------------- state-dict prefixes
 
-def wrapped_keys(rank: int, world_size: int) -> dict[str, list[str]]:
-    """The state-dict keys of one ``nn.Linear`` as saved from each wrapper a training script uses."""
-    model = nn.Linear(2, 1).to(rank_device())
+def wrapped_keys(rank: int, world_size: int) -> dict[str, dict[str, list[str]]]:
+    """The keys of one ``nn.Linear`` as saved from each wrapper a training script uses, nested
+    either way: by ``state_dict()``, and by ``get_model_state_dict``, which names them as the
+    model itself does whatever wraps it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    device = rank_device()
+    model = nn.Linear(2, 1).to(device)
     compiled = torch.compile(model)  # wraps at once; compiles only at the first call
-    return {"model": list(model.state_dict()),
-            "DDP(model)": list(DDP(model).state_dict()),
-            "torch.compile(model)": list(compiled.state_dict()),
-            "DDP(torch.compile(model))": list(DDP(compiled).state_dict())}
+    in_place = nn.Linear(2, 1).to(device)
+    in_place.compile()  # compiles the module itself (at its first call): no wrapper, no prefix
+    wrapped = {"model": model, "DDP(model)": DDP(model), "torch.compile(model)": compiled,
+               "DDP(torch.compile(model))": DDP(compiled),
+               "torch.compile(DDP(model))": torch.compile(DDP(model)),
+               "model.compile(); DDP(model)": DDP(in_place)}
+    return {"state_dict": {name: list(m.state_dict()) for name, m in wrapped.items()},
+            "get_model_state_dict": {name: list(get_model_state_dict(m)) for name, m in wrapped.items()}}

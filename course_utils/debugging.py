@@ -2,17 +2,30 @@
 
 Every function here runs under ``distributed.launch(fn, world_size, ..., timeout_s=small)``: the
 broken ones hang or raise on purpose, and ``launch`` stops a hang at its timeout and reports where
-each stuck rank waited (``LaunchTimeout.stacks``). :func:`where_stuck` turns those stacks into one
-line per rank that reads the same on every machine. The fixed versions sit next to the broken
-ones. Training-loop failures (accumulation, uneven inputs, unused parameters, seeds, compression
-hooks, checkpoints) are in :mod:`course_utils.debug_training`.
+each stuck rank waited (``LaunchTimeout.stacks``). :func:`run_broken` runs a broken program that
+way, on gloo on every machine (:data:`ZOO_BACKEND`), and keeps each rank's Flight Recorder dump;
+:func:`where_stuck` turns the stacks into one line per rank that reads the same on every machine.
+The fixed versions sit next to the broken ones. :func:`flight_table`, :func:`first_disagreement`
+and :func:`analyze_flight_records` read the dumps (each rank's last collectives side by side, and
+torch's own analyzer). Training-loop failures (accumulation, uneven inputs, unused parameters,
+seeds, compression hooks, checkpoints) are in :mod:`course_utils.debug_training`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
+import gc
+import logging
 import os
+import pickle
 import re
+import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,23 +33,49 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data.distributed import DistributedSampler
 
+from .compat import analyzer_reads_gloo, dump_flight_recorder
 from .devices import rank_device
+from .distributed import LaunchTimeout, launch
+from .launcher.forkserver import cuda_visible
 
 __all__ = [
+    "HANG_FRESH_S",
+    "HANG_S",
+    "ZOO_BACKEND",
+    "Hang",
+    "analyze_flight_records",
     "collectives_in_order",
     "collectives_out_of_order",
     "eval_on_rank_0_only",
     "evaluate_everywhere",
     "evaluation_set",
     "exact_accuracy",
+    "first_disagreement",
+    "flight_table",
+    "hang_limit",
+    "out_of_order_as_on_nccl",
     "padded_accuracy",
     "sampler_orders",
+    "read_flight_records",
+    "recording_flight",
     "rendezvous_at",
+    "run_broken",
     "save_then_load",
     "where_stuck",
 ]
 
+#: The backend of every broken program, on every machine. gloo's collectives block the calling
+#: thread until they complete, so a stuck rank waits at the collective that does not match, where
+#: its stack points. NCCL's return at once (the GPU runs them later): the same bug would surface
+#: at the next point that waits for the GPU, and a launch could even see the ranks "finish".
+ZOO_BACKEND = "gloo"
+#: How long a broken program runs before it counts as stuck: forked ranks start in hundredths of a
+#: second; fresh interpreters (where a GPU is visible) first import torch, about 2 s each.
+HANG_S, HANG_FRESH_S = 2.0, 8.0
+
 _FRAME = re.compile(r'^\s*File "(.*)", line \d+, in (\S+)$')
+#: frames that are plumbing, not the program: torch's logging decorators, the Flight Recorder's
+_PLUMBING = ("wrapper", "_fn", "_with_flight_recorder")
 
 
 def where_stuck(stacks: dict[int, list[str]], last: int = 3) -> dict[int, str]:
@@ -57,7 +96,7 @@ def where_stuck(stacks: dict[int, list[str]], last: int = 3) -> dict[int, str]:
         names, mine = [], ""
         for i, line in enumerate(lines):
             match = _FRAME.match(line)
-            if not match or match.group(2) in ("wrapper", "_fn"):
+            if not match or match.group(2) in _PLUMBING:
                 continue
             names.append(match.group(2))
             following = lines[i + 1] if i + 1 < len(lines) else ""
@@ -66,6 +105,216 @@ def where_stuck(stacks: dict[int, list[str]], last: int = 3) -> dict[int, str]:
         text = " -> ".join(names[-last:]) or "(no Python frame)"
         summary[rank] = f"{text}  at: {mine}" if mine else text
     return summary
+
+
+def hang_limit() -> float:
+    """The seconds a broken program gets here: :data:`HANG_S`, or :data:`HANG_FRESH_S` where a GPU
+    is visible (ranks are then fresh interpreters)."""
+    return HANG_FRESH_S if cuda_visible() else HANG_S
+
+
+@dataclasses.dataclass
+class Hang:
+    """What :func:`run_broken` saw: each stuck rank's stack, and every rank's Flight Recorder dump."""
+
+    stacks: dict[int, list[str]]
+    flight_records: dict[int, dict]
+
+
+def run_broken(fn: Callable[..., Any], *args: Any, world_size: int = 2) -> Hang | None:
+    """Run a program that hangs, on gloo on every machine; print which ranks were stuck, and where.
+
+    Each rank keeps its Flight Recorder dump meanwhile (:func:`recording_flight`); they come back
+    in the :class:`Hang`, with the stacks.
+    """
+    with tempfile.TemporaryDirectory(prefix="course-flight-") as folder:
+        try:
+            launch(recording_flight(fn, folder), world_size, *args, backend=ZOO_BACKEND,
+                   timeout_s=hang_limit(), echo=False)
+        except LaunchTimeout as err:
+            print("LaunchTimeout:", str(err).split(". All ranks")[0])
+            for rank, where in where_stuck(err.stacks).items():
+                print(f"  rank {rank} was in {where}")
+            return Hang(_without_recorder(err.stacks), read_flight_records(folder))
+    print("it finished: no hang")
+    return None
+
+
+# ----------------------------------------------------------------------------- Flight Recorder
+
+#: how often a rank's recorder looks at its collectives; how long one must stay unfinished before
+#: the rank counts as stuck and dumps; and the latest it dumps anyway (well before a launch's
+#: HANG_S, so that the dumping thread is gone when launch asks for the ranks' stacks)
+FLIGHT_POLL_S, FLIGHT_STUCK_S, FLIGHT_LATEST_S = 0.05, 0.25, 1.2
+
+
+def recording_flight(fn: Callable[..., Any], folder: str) -> Callable[..., Any]:
+    """``fn`` as a rank function that leaves its rank's Flight Recorder dump in ``folder``.
+
+    A rank stuck in a collective cannot dump from its main thread, which waits in C++; a thread
+    of its own can. It watches the rank's collectives and, once one has stayed unfinished for
+    ``FLIGHT_STUCK_S`` (or after ``FLIGHT_LATEST_S`` at the latest), writes the dump to
+    ``folder/rank{R}`` and ends. A rank that finishes writes its dump as it returns.
+    """
+    return functools.partial(_with_flight_recorder, fn, str(folder))
+
+
+def _with_flight_recorder(fn: Callable[..., Any], folder: str, rank: int, world_size: int,
+                          *args: Any) -> Any:
+    done = threading.Event()
+    watcher = threading.Thread(target=_dump_when_stuck, args=(folder, rank, done),
+                               name="flight-recorder", daemon=True)
+    watcher.start()
+    try:
+        return fn(rank, world_size, *args)
+    finally:
+        done.set()
+        watcher.join()
+        _save_flight_record(folder, rank)
+
+
+def _dump_when_stuck(folder: str, rank: int, done: threading.Event) -> None:
+    start = time.monotonic()
+    seen, since = None, start
+    while not done.wait(FLIGHT_POLL_S):
+        status = (dump_flight_recorder(collectives=False, stacks=False) or {}).get("pg_status", {})
+        now = time.monotonic()
+        if status != seen:
+            seen, since = status, now
+        unfinished = any(s["last_enqueued_collective"] > s["last_completed_collective"]
+                         for s in status.values())
+        if (unfinished and now - since >= FLIGHT_STUCK_S) or now - start >= FLIGHT_LATEST_S:
+            _save_flight_record(folder, rank)
+            return
+
+
+def _save_flight_record(folder: str, rank: int) -> None:
+    record = dump_flight_recorder()
+    if record is None:
+        return
+    # gloo leaves the dump's table of groups empty (the group's name is set after its backend is
+    # made): fill it from this rank's groups, so that torch's analyzer can match the ranks' entries
+    record["pg_config"] = {
+        name: {"name": name, "desc": group.group_desc, "ranks": str(dist.get_process_group_ranks(group))}
+        for group, name in dist.distributed_c10d._world.pg_names.items()}
+    path = Path(folder) / f"rank{rank}"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(pickle.dumps(record))
+    os.replace(tmp, path)
+
+
+def _without_recorder(stacks: dict[int, list[str]]) -> dict[int, list[str]]:
+    """The stacks without the recorder's frame (and its source line), which only calls ``fn``."""
+    cleaned = {}
+    for rank, lines in stacks.items():
+        keep, skipping = [], False
+        for line in lines:
+            match = _FRAME.match(line)
+            if match:
+                skipping = match.group(2) == "_with_flight_recorder"
+            if not skipping:
+                keep.append(line)
+        cleaned[rank] = keep
+    return cleaned
+
+
+def read_flight_records(folder: str) -> dict[int, dict]:
+    """The Flight Recorder dumps that :func:`recording_flight` left in ``folder``, by rank."""
+    return {int(path.name[len("rank"):]): pickle.loads(path.read_bytes())
+            for path in sorted(Path(folder).glob("rank[0-9]*")) if path.suffix != ".tmp"}
+
+
+def _by_collective(records: dict[int, dict]) -> dict[tuple[str, int], dict[int, dict]]:
+    """Every rank's entries keyed by (group, collective sequence number), in the order seen."""
+    table: dict[tuple[str, int], dict[int, dict]] = {}
+    for rank, record in sorted(records.items()):
+        for entry in record.get("entries", []):
+            key = (entry["process_group"][0], entry["collective_seq_id"])
+            table.setdefault(key, {})[rank] = entry
+    return table
+
+
+def _describe(entry: dict | None) -> str:
+    if entry is None:
+        return "(nothing)"
+    done = "done" if entry["retired"] else "NOT DONE"
+    return f"{entry['profiling_name']} {entry['input_sizes']} {done}"
+
+
+def flight_table(records: dict[int, dict], last: int = 4) -> list[str]:
+    """Each rank's last ``last`` collectives side by side: one line per (group, sequence number),
+    saying what each rank ran there, with which sizes, and whether it finished."""
+    if not records:
+        return ["(no Flight Recorder dump: this torch cannot take one)"]
+    if not any(record.get("entries") for record in records.values()):
+        return ["(no collectives recorded: this torch's Flight Recorder does not record gloo's)"]
+    ranks = sorted(records)
+    cells = [[f"group {group}, #{seq}"] + [_describe(entries.get(r)) for r in ranks]
+             for (group, seq), entries in list(_by_collective(records).items())[-last:]]
+    header = [""] + [f"rank {r}" for r in ranks]
+    widths = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
+    return ["  ".join(text.ljust(width) for text, width in zip(row, widths, strict=True)).rstrip()
+            for row in [header, *cells]]
+
+
+def first_disagreement(records: dict[int, dict]) -> str | None:
+    """The first collective that the ranks' dumps disagree on (what they ran, or with which sizes),
+    or where a rank has no entry; ``None`` when every rank ran the same collectives."""
+    for (group, seq), entries in _by_collective(records).items():
+        seen = {r: (e["profiling_name"], e["input_sizes"]) if (e := entries.get(r)) else None
+                for r in sorted(records)}
+        if len(set(map(repr, seen.values()))) > 1:
+            return f"group {group}, collective #{seq}: " + "; ".join(
+                f"rank {r} ran {_describe(entries.get(r))}" for r in seen)
+    return None
+
+
+def analyze_flight_records(records: dict[int, dict]) -> list[str]:
+    """What torch's Flight Recorder analyzer (``python -m torch.distributed.flight_recorder.fr_trace
+    FOLDER``) finds in the ranks' dumps: one line per collective it reports, without its log."""
+    if not analyzer_reads_gloo() and any(e["profiling_name"].startswith("gloo:")
+                                         for record in records.values() for e in record["entries"]):
+        return [f"(torch {torch.__version__.split('+')[0]}'s analyzer reads NCCL's dumps, not "
+                "gloo's; torch 2.13's reads both)"]
+    with tempfile.TemporaryDirectory(prefix="course-flight-") as folder, _quiet_analyzer():
+        from torch.distributed.flight_recorder.components.builder import build_db
+        from torch.distributed.flight_recorder.components.config_manager import JobConfig
+        from torch.distributed.flight_recorder.components.loader import read_dump
+
+        details = {}
+        for rank, record in sorted(records.items()):  # in rank order: the analyzer compares the
+            path = Path(folder) / f"rank{rank}"       # other ranks with the first it reads
+            path.write_bytes(pickle.dumps(record))
+            details[path.name] = read_dump("rank", str(path))
+        args = JobConfig().parse_args([folder, "--prefix", "rank"])
+        database = build_db(details, args, str(records[min(records)]["version"]))
+    lines = []
+    for collective in database.collectives:
+        if collective.pass_check:
+            continue
+        head = (f"collective #{collective.collective_seq_id} of group {collective.pg_desc} "
+                f"({collective.collective_name} on ranks {sorted(collective.expected_ranks)})")
+        for rank, wrong in sorted((collective.mismatch_collectives or {}).items()):
+            lines.append(f"{head}: culprit rank {rank}, {wrong.type_of_mismatch}")
+        if collective.missing_ranks:
+            lines.append(f"{head}: missing ranks {sorted(collective.missing_ranks)}")
+    return lines
+
+
+@contextlib.contextmanager
+def _quiet_analyzer() -> Iterator[None]:
+    """The analyzer logs its report (with local paths) to stderr, warns at import when
+    ``tabulate`` is missing, and turns the garbage collector off as it reads: silence the first
+    two, undo the third."""
+    logger = logging.getLogger("Flight Recorder")
+    was_disabled, gc_enabled = logger.disabled, gc.isenabled()
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = was_disabled
+        if gc_enabled:
+            gc.enable()
 
 
 # ----------------------------------------------------------------------------- set_epoch
@@ -164,6 +413,7 @@ def collectives_out_of_order(rank: int, world_size: int, detail: bool = False) -
     device = rank_device()
     grads, flag = torch.ones(4, device=device), torch.zeros(1, device=device)
     try:
+        dist.all_reduce(torch.zeros(1, device=device), group=group)  # a step the ranks agree on
         if rank == 0:
             dist.all_reduce(grads, group=group)
             dist.broadcast(flag, 0, group=group)
@@ -175,6 +425,22 @@ def collectives_out_of_order(rank: int, world_size: int, detail: bool = False) -
                          r"SequenceNumber=\d+, OpType=(\w+)", str(err))
         return "; ".join(f"rank {r} runs {op}" for r, op in sorted(set(ops)))
     return "no error"
+
+
+def out_of_order_as_on_nccl(rank: int, world_size: int) -> str:
+    """The same bug as NCCL runs it, imitated on gloo: each collective only *starts* (NCCL queues
+    it on the GPU and returns), the program goes on, and it waits where it needs a result on the
+    CPU, as ``loss.item()`` or ``tensor.cpu()`` wait for the GPU. The hang surfaces there."""
+    device = rank_device()
+    grads, flag = torch.ones(4, device=device), torch.zeros(1, device=device)
+    if rank == 0:
+        started = [dist.all_reduce(grads, async_op=True), dist.broadcast(flag, 0, async_op=True)]
+    else:
+        started = [dist.broadcast(flag, 0, async_op=True), dist.all_reduce(grads, async_op=True)]
+    loss = (grads * 2).sum()  # the program goes on computing
+    for work in started:
+        work.wait()  # what loss.item() does under NCCL: wait for the GPU's queued work
+    return f"loss {loss.item()}"
 
 
 def collectives_in_order(rank: int, world_size: int) -> list[float]:

@@ -124,3 +124,56 @@ def test_launch_falls_back_to_fresh_interpreters_without_the_fork_servers_intern
     assert "Traceback" not in err
     with pytest.raises(ValueError, match="internals this Python lacks"):
         launch(_forked_from_a_server, 2, start="forkserver")
+
+
+# ----------------------------------------------------------------------------- the Flight Recorder
+
+def _as_2_11_dumps(rank: int, world_size: int) -> tuple[str | None, str | None, list[str]]:
+    """In a rank: 2.11's dump functions (it has both names; 2.13 only the new one)."""
+    import torch._C._distributed_c10d as c10d
+
+    c10d._dump_nccl_trace = c10d._dump_fr_trace
+    name = compat.flight_recorder_dump_name()
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    del c10d._dump_fr_trace  # a release with only the older name
+    entries = compat.dump_flight_recorder()["entries"]
+    return name, compat.flight_recorder_dump_name(), [e["profiling_name"] for e in entries]
+
+
+def test_the_flight_recorder_is_dumped_under_whichever_name_the_release_has():
+    for name, older_name, ops in launch(_as_2_11_dumps, 2, echo=False, timeout_s=60, backend="gloo"):
+        assert (name, older_name) == compat.FLIGHT_RECORDER_DUMPS  # the new name first, else the old
+        assert ops == ["gloo:all_reduce"]  # gloo's collectives are recorded
+
+
+def test_without_a_dump_function_there_is_no_dump(monkeypatch):
+    import torch._C._distributed_c10d as c10d
+
+    for name in compat.FLIGHT_RECORDER_DUMPS:
+        monkeypatch.delattr(c10d, name, raising=False)
+    assert compat.flight_recorder_dump_name() is None and compat.dump_flight_recorder() is None
+    from course_utils import debugging
+    assert debugging.flight_table({}) == ["(no Flight Recorder dump: this torch cannot take one)"]
+
+
+def test_an_analyzer_that_refuses_gloo_is_reported_not_raised(monkeypatch):
+    """Torch 2.11's analyzer stops at gloo's entries; the course says so instead."""
+    from torch.distributed.flight_recorder.components import types
+
+    from course_utils import debugging
+
+    assert compat.analyzer_reads_gloo() == (compat.torch_release() >= (2, 13))  # 2.11's refuses them
+    original = types.Op.__init__
+
+    def as_in_2_11(self, event, memberships, pg_name):
+        backend = event["profiling_name"].split(":")[0]
+        assert backend in ["nccl", "xccl"], f"name formatting error? {backend} != 'nccl' or 'xccl'"
+        original(self, event, memberships, pg_name)
+
+    monkeypatch.setattr(types.Op, "__init__", as_in_2_11)
+    assert not compat.analyzer_reads_gloo()
+    records = {0: {"version": "2.10", "pg_config": {}, "entries": [{"profiling_name": "gloo:barrier"}]}}
+    assert debugging.analyze_flight_records(records) == [
+        f"(torch {torch.__version__.split('+')[0]}'s analyzer reads NCCL's dumps, not gloo's; torch "
+        "2.13's reads both)"]

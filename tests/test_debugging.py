@@ -178,8 +178,144 @@ def test_compression_hooks_halve_the_bytes_and_keep_ranks_identical():
         assert any(not torch.equal(v, fp32[n]) for n, v in runs[hook][0]["params"].items())  # lossy
 
 
-def test_wrapped_keys_show_each_prefix():
+def test_wrapped_keys_nest_in_the_order_of_wrapping_and_get_model_state_dict_drops_them():
     keys = launch(debug_training.wrapped_keys, 1, echo=False)[0]
-    assert keys == {"model": ["weight", "bias"], "DDP(model)": ["module.weight", "module.bias"],
-                    "torch.compile(model)": ["_orig_mod.weight", "_orig_mod.bias"],
-                    "DDP(torch.compile(model))": ["module._orig_mod.weight", "module._orig_mod.bias"]}
+    assert keys["state_dict"] == {
+        "model": ["weight", "bias"], "DDP(model)": ["module.weight", "module.bias"],
+        "torch.compile(model)": ["_orig_mod.weight", "_orig_mod.bias"],
+        "DDP(torch.compile(model))": ["module._orig_mod.weight", "module._orig_mod.bias"],
+        "torch.compile(DDP(model))": ["_orig_mod.module.weight", "_orig_mod.module.bias"],
+        "model.compile(); DDP(model)": ["module.weight", "module.bias"]}  # compile adds no prefix
+    assert keys["get_model_state_dict"] == dict.fromkeys(keys["state_dict"], ["weight", "bias"])
+
+
+# ----------------------------------------------------------------------------- the zoo on gloo
+
+def test_run_broken_runs_on_gloo_where_launch_would_pick_nccl(monkeypatch, capsys):
+    """A machine with GPUs: launch's own choice would be NCCL. The zoo must still run on gloo,
+    where a hang waits at the collective that does not match (notebook 10, section 13)."""
+    from course_utils import distributed
+
+    monkeypatch.setattr(distributed, "choose_backend", lambda *args, **kwargs: "nccl")
+    # launch's own choice would be NCCL, which binds a GPU this machine lacks
+    with pytest.raises(RankError, match="cuda"):
+        launch(debugging.collectives_in_order, 2, timeout_s=20, echo=False, start="forkserver")
+    backends = []
+
+    def spy(*args, **kwargs):
+        backends.append(kwargs.get("backend"))
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(debugging, "launch", spy)
+    hang = debugging.run_broken(debugging.eval_on_rank_0_only)
+    assert backends == ["gloo"] == [debugging.ZOO_BACKEND]
+    assert list(hang.stacks) == [0]  # rank 0 stuck in all_reduce, rank 1 finished
+    assert "rank 0 was in eval_on_rank_0_only -> evaluate_everywhere -> all_reduce" in capsys.readouterr().out
+    assert debugging.first_disagreement(hang.flight_records) == (  # rank 1 never called it
+        "group 0, collective #1: rank 0 ran gloo:all_reduce [[2]] NOT DONE; rank 1 ran (nothing)")
+
+
+def test_the_hang_limit_is_longer_where_ranks_are_fresh_interpreters(monkeypatch):
+    monkeypatch.setattr(debugging, "cuda_visible", lambda: True)
+    assert debugging.hang_limit() == debugging.HANG_FRESH_S == 8
+    monkeypatch.setattr(debugging, "cuda_visible", lambda: False)
+    assert debugging.hang_limit() == debugging.HANG_S == 2
+
+
+def test_a_collective_of_ones_own_inside_join_is_not_shadowed_and_after_the_loop_is_fine():
+    with pytest.raises(RankError) as info:
+        launch(debug_training.train_joined_logging, 2, [3, 2], True, timeout_s=HANG_S, echo=False,
+               backend="gloo")
+    assert info.value.rank == 1 and info.value.exc_type == "ProcessDied"  # gloo aborted it
+    assert any("Is there a distributed collective mismatch" in line for line in info.value.output)
+    logged = launch(debug_training.train_joined_logging, 2, [3, 2], False, echo=False)
+    assert logged[0] == logged[1] and logged[0]["batches"] == 5
+
+
+def test_ddp_checks_bf16_compress_hook_against_the_build_not_the_backend():
+    with pytest.raises(RankError, match="BF16 all reduce communication hook required") as info:
+        launch(debug_training.torch_bf16_hook, 2, "a CPU build", echo=False, backend="gloo")
+    assert info.value.exc_type == "TypeError"
+    cuda = launch(debug_training.torch_bf16_hook, 2, "a CUDA build with NCCL 2.21", echo=False,
+                  backend="gloo")
+    ours = launch(debug_training.train_compressed, 2, "bf16", echo=False, backend="gloo")
+    for name, value in ours[0]["params"].items():  # the course's hook is PyTorch's, bit for bit
+        assert torch.equal(cuda[0]["params"][name], value) and torch.equal(cuda[1]["params"][name], value)
+    # and this machine's own build decides for real: refused exactly where torch has no CUDA+NCCL
+    refused = torch.version.cuda is None and torch.version.hip is None
+    try:
+        launch(debug_training.torch_bf16_hook, 2, None, 2, echo=False, backend="gloo")
+        assert not refused
+    except RankError as err:
+        assert refused and err.exc_type == "TypeError"
+
+
+def test_built_as_restores_what_it_changed():
+    before = (torch.version.cuda, torch.distributed.is_nccl_available())
+    with debug_training.built_as("12.8", (2, 21, 5)):
+        assert torch.version.cuda == "12.8" and torch.distributed.is_nccl_available()
+        assert torch.cuda.nccl.version() == (2, 21, 5)
+    assert (torch.version.cuda, torch.distributed.is_nccl_available()) == before
+
+
+# ----------------------------------------------------------------------------- the Flight Recorder
+
+@pytest.fixture(scope="module")
+def out_of_order():
+    """The out-of-order hang as notebook 10 runs it, with every rank's Flight Recorder dump."""
+    return debugging.run_broken(debugging.collectives_out_of_order)
+
+
+def test_the_flight_recorder_dumps_each_stuck_rank_from_a_thread(out_of_order):
+    records = out_of_order.flight_records
+    assert sorted(records) == [0, 1]
+    for rank, op in ((0, "gloo:all_reduce"), (1, "gloo:broadcast")):
+        first, last = records[rank]["entries"][-2:]
+        assert (first["profiling_name"], first["retired"]) == ("gloo:all_reduce", True)  # matched
+        assert (last["profiling_name"], last["collective_seq_id"], last["retired"]) == (op, 2, False)
+        assert last["frames"][2]["name"] == "collectives_out_of_order"  # the stack that called it
+        # the table of groups is filled in, as the analyzer needs it
+        assert records[rank]["pg_config"][last["process_group"][0]]["ranks"] == "[0, 1]"
+    # the recorder's thread had ended and its frame is gone when launch took the stacks
+    for lines in out_of_order.stacks.values():
+        assert "(another thread)" not in lines and not any("_with_flight_recorder" in x for x in lines)
+    assert debugging.where_stuck(out_of_order.stacks)[1].startswith("collectives_out_of_order -> broadcast")
+
+
+def test_the_dumps_side_by_side_show_where_the_ranks_parted(out_of_order):
+    table = debugging.flight_table(out_of_order.flight_records)
+    assert table[1].split() == ["group", "1,", "#1", "gloo:all_reduce", "[[1]]", "done",
+                                "gloo:all_reduce", "[[1]]", "done"]
+    assert "gloo:all_reduce [[4]] NOT DONE" in table[2] and "gloo:broadcast [[1]] NOT DONE" in table[2]
+    assert debugging.first_disagreement(out_of_order.flight_records) == (
+        "group 1, collective #2: rank 0 ran gloo:all_reduce [[4]] NOT DONE; "
+        "rank 1 ran gloo:broadcast [[1]] NOT DONE")
+
+
+def test_torchs_analyzer_names_the_mismatch_and_leaves_no_trace(out_of_order, capfd):
+    import gc
+
+    verdicts = debugging.analyze_flight_records(out_of_order.flight_records)
+    assert verdicts == [
+        "collective #2 of group 1 (gloo:all_reduce on ranks [0, 1]): culprit rank 1, Error type: "
+        "COLLECTIVE_TYPE_MISMATCH, Expected collective type: 'all_reduce' does not match found "
+        "collective type: 'broadcast'"]
+    assert capfd.readouterr() == ("", "")  # its log (local paths) stays out of a notebook
+    assert gc.isenabled()  # the analyzer turns the collector off as it reads
+
+
+def test_the_analyzer_needs_the_groups_gloo_leaves_out_of_its_dumps(out_of_order):
+    records = {rank: {**record, "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}}}
+               for rank, record in out_of_order.flight_records.items()}  # as gloo writes them
+    with pytest.raises(KeyError):
+        debugging.analyze_flight_records(records)
+
+
+@pytest.mark.stress  # notebook 10 shows the same stuck lines under nbval in make test
+def test_under_nccl_the_hang_surfaces_where_the_result_is_read():
+    hang = debugging.run_broken(debugging.out_of_order_as_on_nccl)
+    where = debugging.where_stuck(hang.stacks)
+    assert sorted(where) == [0, 1]
+    assert all(w.startswith("out_of_order_as_on_nccl  at: work.wait()") for w in where.values())
+    assert debugging.first_disagreement(hang.flight_records).startswith(
+        "group 0, collective #1: rank 0 ran gloo:all_reduce")

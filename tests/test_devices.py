@@ -159,6 +159,27 @@ def test_the_audit_follows_a_tensor_through_operations():
     assert len(audit.violations) == 1 and audit.violations[0].startswith("Linear input: a (2, 4)")
 
 
+def _flat_collectives_unplaced(rank, world_size):
+    """A rank that hands the flat collectives tensors it never put on its device, under 2.13's
+    names (through compat, as ZeRO by hand does) and under the older ones."""
+    import torch.distributed as dist
+
+    from course_utils import compat
+
+    with devices.DeviceAudit() as audit:
+        compat.reduce_scatter_single(torch.empty(2), torch.ones(2 * world_size))
+        compat.all_gather_single(torch.empty(2 * world_size), torch.ones(2))
+        dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * world_size))
+        dist.all_gather_into_tensor(torch.empty(2 * world_size), torch.ones(2))
+    return [v.split(":")[0] for v in audit.violations]
+
+
+def test_the_audit_checks_the_flat_collectives_under_both_releases_names():
+    for found in launch(_flat_collectives_unplaced, 2, echo=False, backend="gloo"):
+        assert found == ["dist.reduce_scatter_single"] * 2 + ["dist.all_gather_single"] * 2 + [
+            "dist.reduce_scatter_tensor"] * 2 + ["dist.all_gather_into_tensor"] * 2
+
+
 def _rank_functions() -> dict[str, object]:
     """Every function of course_utils that takes (rank, world_size, ...): what launch runs."""
     found = {}
@@ -213,6 +234,7 @@ CASES = {
     "debugging.collectives_out_of_order": (1, ()),
     "debugging.collectives_in_order": (2, ()),
     "debugging.save_then_load": (2, ("{tmp}/checkpoint.pt", True)),
+    "debugging.out_of_order_as_on_nccl": (1, ()),
     "debug_training.train_accumulating": (2, (debug_training.accumulate_step, 2, 3, 1)),
     "debug_training.train_uneven join": (2, ([3, 2], "join")),
     "debug_training.train_uneven equal": (2, ([3, 2], "equal")),
@@ -220,6 +242,8 @@ CASES = {
     "debug_training.different_seeds": (2, ()),
     "debug_training.train_compressed": (2, ("bf16", 2)),
     "debug_training.wrapped_keys": (1, ()),
+    "debug_training.train_joined_logging": (2, ([3, 2], False)),
+    "debug_training.torch_bf16_hook": (2, ("a CUDA build with NCCL 2.21", 2)),
 }
 #: Rank functions that cannot finish under the audit, and why that is safe.
 EXEMPT = {

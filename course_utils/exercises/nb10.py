@@ -175,12 +175,16 @@ def _judge_still_differ(still_differ: Any) -> str | None:
 
 def _judge_clean_keys(clean_state_dict: Any) -> str | None:
     saved = {"module._orig_mod.body.weight": 1, "_orig_mod.submodule.weight": 2,
-             "module.submodule.bias": 3, "head.weight": 4}
-    expected = {"body.weight": 1, "submodule.weight": 2, "submodule.bias": 3, "head.weight": 4}
+             "module.submodule.bias": 3, "head.weight": 4, "_orig_mod.module.tail.bias": 5}
+    expected = {"body.weight": 1, "submodule.weight": 2, "submodule.bias": 3, "head.weight": 4,
+                "tail.bias": 5}
     got = clean_state_dict(dict(saved))
     if got == expected:
         return None
     keys = list(got) if isinstance(got, dict) else []
+    if "module.tail.bias" in keys:
+        return ("torch.compile(DDP(model)) saves '_orig_mod.module.': the prefixes nest in the order "
+                "of the wrapping, so remove them until none is left, whichever comes first")
     if any("_orig_mod." in key for key in keys):
         return "torch.compile's wrapper adds '_orig_mod.' as well, alone or after DDP's 'module.'"
     if any(key.startswith("sub") and not key.startswith("submodule.") for key in keys):
