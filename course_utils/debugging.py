@@ -128,8 +128,9 @@ def run_broken(fn: Callable[..., Any], *args: Any, world_size: int = 2) -> Hang 
     in the :class:`Hang`, with the stacks.
     """
     with tempfile.TemporaryDirectory(prefix="course-flight-") as folder:
+        until = time.time() + hang_limit()  # dumps show the ranks as they hung, not as stopped
         try:
-            launch(recording_flight(fn, folder), world_size, *args, backend=ZOO_BACKEND,
+            launch(recording_flight(fn, folder, until), world_size, *args, backend=ZOO_BACKEND,
                    timeout_s=hang_limit(), echo=False)
         except LaunchTimeout as err:
             print("LaunchTimeout:", str(err).split(". All ranks")[0])
@@ -148,21 +149,24 @@ def run_broken(fn: Callable[..., Any], *args: Any, world_size: int = 2) -> Hang 
 FLIGHT_POLL_S, FLIGHT_STUCK_S, FLIGHT_LATEST_S = 0.05, 0.25, 1.2
 
 
-def recording_flight(fn: Callable[..., Any], folder: str) -> Callable[..., Any]:
+def recording_flight(fn: Callable[..., Any], folder: str, until: float) -> Callable[..., Any]:
     """``fn`` as a rank function that leaves its rank's Flight Recorder dump in ``folder``.
 
     A rank stuck in a collective cannot dump from its main thread, which waits in C++; a thread
-    of its own can. It watches the rank's collectives and, once one has stayed unfinished for
-    ``FLIGHT_STUCK_S`` (or after ``FLIGHT_LATEST_S`` at the latest), writes the dump to
-    ``folder/rank{R}`` and ends. A rank that finishes writes its dump as it returns.
+    of its own can. It watches the rank's collectives and, whenever one has stayed unfinished for
+    ``FLIGHT_STUCK_S``, writes the dump to ``folder/rank{R}``; it ends after ``FLIGHT_LATEST_S``
+    (before launch asks for the stacks). A rank that finishes writes its dump as it returns. No
+    dump is written after ``until`` (a ``time.time()``): when a launch stops stuck ranks, a
+    survivor's collective fails, its program may go on and return, and a dump then would show
+    the stop, not the hang.
     """
-    return functools.partial(_with_flight_recorder, fn, str(folder))
+    return functools.partial(_with_flight_recorder, fn, str(folder), until)
 
 
-def _with_flight_recorder(fn: Callable[..., Any], folder: str, rank: int, world_size: int,
-                          *args: Any) -> Any:
+def _with_flight_recorder(fn: Callable[..., Any], folder: str, until: float, rank: int,
+                          world_size: int, *args: Any) -> Any:
     done = threading.Event()
-    watcher = threading.Thread(target=_dump_when_stuck, args=(folder, rank, done),
+    watcher = threading.Thread(target=_dump_when_stuck, args=(folder, rank, until, done),
                                name="flight-recorder", daemon=True)
     watcher.start()
     try:
@@ -170,12 +174,15 @@ def _with_flight_recorder(fn: Callable[..., Any], folder: str, rank: int, world_
     finally:
         done.set()
         watcher.join()
-        _save_flight_record(folder, rank)
+        _save_flight_record(folder, rank, until)
 
 
-def _dump_when_stuck(folder: str, rank: int, done: threading.Event) -> None:
+def _dump_when_stuck(folder: str, rank: int, until: float, done: threading.Event) -> None:
+    """Dump each time the rank's collectives settle in a stuck state (one unfinished, nothing
+    changing for ``FLIGHT_STUCK_S``), so that a peer that arrives late updates the dump; stop at
+    ``FLIGHT_LATEST_S``, with a dump of the state then if it was not dumped yet."""
     start = time.monotonic()
-    seen, since = None, start
+    seen, since, dumped = None, start, None
     while not done.wait(FLIGHT_POLL_S):
         status = (dump_flight_recorder(collectives=False, stacks=False) or {}).get("pg_status", {})
         now = time.monotonic()
@@ -183,14 +190,17 @@ def _dump_when_stuck(folder: str, rank: int, done: threading.Event) -> None:
             seen, since = status, now
         unfinished = any(s["last_enqueued_collective"] > s["last_completed_collective"]
                          for s in status.values())
-        if (unfinished and now - since >= FLIGHT_STUCK_S) or now - start >= FLIGHT_LATEST_S:
-            _save_flight_record(folder, rank)
+        last_call = now - start >= FLIGHT_LATEST_S
+        if status != dumped and ((unfinished and now - since >= FLIGHT_STUCK_S) or last_call):
+            _save_flight_record(folder, rank, until)
+            dumped = status
+        if last_call:
             return
 
 
-def _save_flight_record(folder: str, rank: int) -> None:
+def _save_flight_record(folder: str, rank: int, until: float) -> None:
     record = dump_flight_recorder()
-    if record is None:
+    if record is None or time.time() > until:
         return
     # gloo leaves the dump's table of groups empty (the group's name is set after its backend is
     # made): fill it from this rank's groups, so that torch's analyzer can match the ranks' entries

@@ -311,6 +311,29 @@ def test_the_analyzer_needs_the_groups_gloo_leaves_out_of_its_dumps(out_of_order
         debugging.analyze_flight_records(records)
 
 
+def _all_reduce_late(rank, world_size, delay_s):
+    import time
+
+    time.sleep(delay_s)
+    torch.distributed.all_reduce(torch.ones(3))
+    return rank
+
+
+def test_no_dump_is_kept_from_after_the_launch_stopped_the_ranks(tmp_path):
+    """A rank whose collective fails when launch stops its peer may return and dump: that dump
+    would show the stop, not the hang, so nothing is written after ``until``."""
+    import time
+
+    late, on_time = tmp_path / "late", tmp_path / "on_time"
+    for folder, until in ((late, time.time() + 0.3), (on_time, time.time() + 60)):
+        folder.mkdir()
+        launch(debugging.recording_flight(_all_reduce_late, str(folder), until), 2, 0.6,
+               echo=False, backend="gloo", timeout_s=30)
+    assert debugging.read_flight_records(str(late)) == {}
+    records = debugging.read_flight_records(str(on_time))
+    assert [[e["input_sizes"] for e in records[r]["entries"]] for r in (0, 1)] == [[[[3]]]] * 2
+
+
 @pytest.mark.stress  # notebook 10 shows the same stuck lines under nbval in make test
 def test_under_nccl_the_hang_surfaces_where_the_result_is_read():
     hang = debugging.run_broken(debugging.out_of_order_as_on_nccl)
