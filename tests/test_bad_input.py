@@ -534,10 +534,8 @@ def test_every_public_callable_has_a_bad_input_case():
         "debug_training.wrapped_keys", "debug_training.bf16_compress_on_gloo", "debug_training.small_model",
         "debug_training.train_joined_logging", "debug_training.torch_bf16_hook",
         "debug_training.built_as",  # a context manager for those rank functions
-        # what differs between releases: no arguments, or torch's own collectives' (tests/test_compat.py)
-        "compat.torch_release", "compat.collective_name", "compat.reduce_scatter_single",
-        "compat.all_gather_single", "compat.flight_recorder_dump_name", "compat.dump_flight_recorder",
-        "compat.analyzer_reads_gloo",
+        # the Flight Recorder as each release has it: no arguments but flags (tests/test_compat.py)
+        "compat.flight_recorder_dump_name", "compat.dump_flight_recorder", "compat.analyzer_reads_gloo",
     }
     missing = []
     # the package's modules, and the modules of its subpackages (exercises.edition as "edition")
