@@ -217,7 +217,10 @@ def test_run_broken_runs_on_gloo_where_launch_would_pick_nccl(monkeypatch, capsy
 
 def test_the_hang_limit_is_longer_where_ranks_are_fresh_interpreters(monkeypatch):
     monkeypatch.setattr(debugging, "cuda_visible", lambda: True)
-    assert debugging.hang_limit() == debugging.HANG_FRESH_S == 8
+    assert debugging.hang_limit() == debugging.HANG_FRESH_S >= 3 * 4.7  # 3x the slowest measured
+    from course_utils.exercises import nb10
+
+    assert nb10.HANG_FRESH_S == debugging.HANG_FRESH_S  # the judges allow what the notebook does
     monkeypatch.setattr(debugging, "cuda_visible", lambda: False)
     assert debugging.hang_limit() == debugging.HANG_S == 2
 

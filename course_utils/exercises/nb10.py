@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..debugging import HANG_FRESH_S
 from .core import load_bank, run_on_ranks
 
 __all__ = ["EXERCISES"]
 
 HANG_S = 4.0  # a rank function that has not finished by then is stuck
-#: the same where a GPU is visible: launch then starts ranks as fresh interpreters (CUDA and fork
-#: do not mix), which import torch first; notebook 10 allows its broken programs 8 s there too
-HANG_FRESH_S = 8.0
+# HANG_FRESH_S where a GPU is visible: launch then starts ranks as fresh interpreters (CUDA and
+# fork do not mix), which import torch first; the notebook's own allowance, measured (debugging)
 
 
 def run_ranks(fn: Any, world_size: int, *args: Any) -> tuple[list | None, str | None]:
