@@ -24,7 +24,7 @@ $(STAMP): requirements.txt pyproject.toml
 	@touch $@
 
 # Unit tests and notebooks run on as many workers as the machine has cores (pytest-xdist). One more
-# worker than cores finished 5-15 s sooner on 2 cores, but stretched notebook 08 from 37 s to 55 s.
+# worker than cores finished 5-15 s sooner on 2 cores, but stretched notebook 07 from 37 s to 55 s.
 # --dist loadscope keeps each notebook (and each test module) on one worker, in order; the notebooks,
 # the longest scopes, are collected first (pyproject's testpaths) and handed out first.
 PARALLEL := -n auto --dist loadscope --no-loadscope-reorder

@@ -1,4 +1,4 @@
-"""Measurements: the strategy harness of notebook 07, and ``make bench``.
+"""Measurements: the strategy harness of notebook 09, and ``make bench``.
 
 ``measure_strategies(size)`` runs one training job (an MLP classifier, AdamW) under each strategy,
 in fresh processes, and returns per strategy: time per step, samples per second, peak memory per

@@ -1,4 +1,4 @@
-"""Sharded data parallelism: the ledgers (memory and bytes sent per rank) and the runs of notebook 09.
+"""Sharded data parallelism: the ledgers (memory and bytes sent per rank) and the runs of notebook 08.
 
 Memory per rank for Ψ parameters on N ranks, with p, g bytes per parameter and gradient element
 and K bytes of optimizer state per parameter (fp32 Adam: 4, 4, 8; mixed precision: 2, 2, 12):
@@ -133,7 +133,7 @@ _LOGGED = {"all_reduce": "all_reduce", "broadcast": "broadcast",
 def logged_collectives(log: CommLog) -> Iterator[None]:
     """While inside, count in ``log`` what torch's own code hands to ``dist.all_reduce``,
     ``dist.broadcast`` and the flat all-gather and reduce-scatter (either release's name), as
-    ``CommLog`` counts the by-hand stages (notebook 09). It replaces the functions in
+    ``CommLog`` counts the by-hand stages (notebook 08). It replaces the functions in
     ``torch.distributed``, which torch's Python code calls (a deprecated name calls the new one
     inside ``distributed_c10d``, unreplaced: one count). DDP's all-reduce runs in C++ unless a
     Python communication hook calls ``dist.all_reduce``: register ``allreduce_hook`` to count it."""
@@ -177,7 +177,7 @@ def cuda_peak(device: torch.device, peaks: dict[str, int], name: str) -> Iterato
 
 @dataclasses.dataclass
 class ShardedLedger(Ledger):
-    """A DDP ledger whose model state is sharded as ``SHARDED[strategy]`` says (notebook 09)."""
+    """A DDP ledger whose model state is sharded as ``SHARDED[strategy]`` says (notebook 08)."""
 
     @property
     def label(self) -> str:
@@ -207,7 +207,7 @@ def sharded_ledger(spec: ModelSpec, strategy: str, *, batch_size: int, num_devic
     return ShardedLedger(spec, strategy, batch_size, 0, base.rows_per_device, rows)
 
 
-# ------------------------------------------------------------------ the runs of notebook 09
+# ------------------------------------------------------------------ the runs of notebook 08
 
 
 def toy_model(width: int = 32) -> nn.Sequential:

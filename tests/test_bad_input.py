@@ -376,7 +376,7 @@ CASES = [
      ValueError, "activation_floats must be a number >= 0, got nan"),
     ('check_int tensor', lambda: data.regression_dataset(torch.tensor(2.5), 2, 2),
      TypeError, "n_samples must be an int, got tensor(2.5000) (Tensor)"),
-    # notebook 09: ZeRO by hand and sharding
+    # notebook 08: ZeRO by hand and sharding
     ('zero.shard_numel', lambda: zero.shard_numel(10, 0),
      ValueError, 'numel must be >= 0 and world_size >= 1, got 10 and 0'),
     ('zero.ZeroByHand stage', lambda: zero.ZeroByHand(lin, 4),
@@ -510,9 +510,9 @@ def test_every_public_callable_has_a_bad_input_case():
         "simulated.MemoryRecord", "simulated.SimDevice", "env.DeviceReport", "memory.Ledger",
         "snapshots.SnapshotInfo", "exercises.Verdict", "diagrams.RingStep", "diagrams.Transfer",
         "sharding.ShardedLedger", "zero.CommLog",
-        # context managers run inside a process group by notebook 09's rank functions (tests/test_sharding.py)
+        # context managers run inside a process group by notebook 08's rank functions (tests/test_sharding.py)
         "sharding.logged_collectives", "sharding.cuda_peak",
-        # shown in notebook 09, so free of argument checks; builds FSDP inside a process group
+        # shown in notebook 08, so free of argument checks; builds FSDP inside a process group
         "sharding.fsdp_model",
         # no arguments, or a context manager (tests/test_devices.py)
         "devices.gpu_count", "devices.local_rank", "devices.rank_device", "devices.DeviceAudit",

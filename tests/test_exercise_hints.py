@@ -5,7 +5,7 @@ code a fix or an implementation adds.
 
 The hints looked at are those of every listed wrong answer, of the starter, and of probes: for a
 prediction, values near the right one (off by one, doubled, halved, in other units, one element
-changed); for a function, one that returns nothing. Every bank is checked, those of notebooks 09
+changed); for a function, one that returns nothing. Every bank is checked, those of notebooks 08
 and 10 too. A rule stated in words ("add three terms: ...") is beyond this test: reviewing the
 hints is still needed.
 """
@@ -282,7 +282,7 @@ def test_the_detectors_find_values_and_formulas():
 
 
 def test_the_hints_issue_27_found_would_fail():
-    assert _leak(find("07.3"), None, "so each rank holds 2Ψ + (2 + 12)Ψ/N")
+    assert _leak(find("09.3"), None, "so each rank holds 2Ψ + (2 + 12)Ψ/N")
     assert _leak(find("02.3"), 6, "each piece has ceil(18 / 8) rows; count how many pieces it takes")
     assert _leak(find("05.3"), None, "call sampler.set_epoch(epoch) before you read")
     assert _leak(find("03.1"), None, "pass dim=1")

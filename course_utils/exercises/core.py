@@ -41,7 +41,7 @@ TIME_LIMIT_S = 5.0
 
 #: Banks whose owners have yet to say what each exercise teaches (issue 27); the loader requires
 #: ``teaches`` of every other bank. Remove a bank from here once its .toml has the field.
-_TEACHES_PENDING = frozenset({"course_utils.exercises.nb09", "course_utils.exercises.nb10"})
+_TEACHES_PENDING = frozenset({"course_utils.exercises.nb08", "course_utils.exercises.nb10"})
 
 
 @dataclass(frozen=True)
@@ -476,7 +476,7 @@ def run_on_ranks(rank_fn: Callable[..., Any], world_size: int, *args: Any, hang_
     Returns ``(results, None)``, or ``(None, hint)`` when the ranks hung (``hang_hint``) or one
     raised (its first line). Checks run on gloo, on the CPU, on any machine: they judge the logic
     of an answer, so answer cells need no device code. The one way a judge launches ranks
-    (notebooks 05, 09 and 10).
+    (notebooks 05, 08 and 10).
     """
     from ..distributed import LaunchTimeout, RankError, launch
 

@@ -1,188 +1,111 @@
-"""Judges of the exercises of notebook 08 (fault tolerance and several nodes);
-their content is in nb08.toml."""
+"""Judges of the exercises of notebook 08 (sharded data parallelism); their content is in nb08.toml."""
 
 from __future__ import annotations
 
-import io
-import os
-import tempfile
-from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import torch
-from torch import nn
 
-from .core import load_bank
+from ..compat import COLLECTIVE_NAMES
+from .core import hint_from_ranks, load_bank
 
 __all__ = ["EXERCISES"]
 
-
-class _DiesHalfWay:
-    """Stands in for the moment a writer is killed: pickling it raises in the middle of a save."""
-
-    def __reduce__(self):
-        raise RuntimeError("the writer died half-way through the save (simulated)")
+_PSI, _N = 1_000_000_000, 8
 
 
-def _step_in(path: Path) -> Any:
-    try:
-        return torch.load(path, weights_only=True).get("step")
-    except Exception:  # noqa: BLE001 - an unreadable file is what the judge looks for
+def _judge_zero2_bytes(answer: Any) -> str | None:
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        return f"write a number of bytes, not {type(answer).__name__}"
+    right = 2 * _PSI + (2 + 12) * _PSI / _N
+    if abs(answer - right) <= 0.005 * right:
         return None
+    if abs(answer - 16 * _PSI) < 0.01 * _PSI:
+        return "that is DDP's figure: stage 2 shards the gradients and the optimizer state"
+    if abs(answer - 16 * _PSI / _N) < 0.01 * _PSI:
+        return "that is ZeRO-3: in stage 2 every rank still holds all the fp16 parameters"
+    if abs(answer - (4 * _PSI + 12 * _PSI / _N)) < 0.01 * _PSI:
+        return "that is ZeRO-1: stage 2 also shards the gradients"
+    if abs(answer - (2 * _PSI + 10 * _PSI / _N)) < 0.01 * _PSI or abs(answer - (4 * _PSI + 12 * _PSI)) < _PSI:
+        return ("count K = 12 bytes of Adam state per parameter in mixed precision: an fp32 master "
+                "copy and two fp32 moments")
+    return "add three terms per rank: fp16 parameters (all), fp16 gradients (a shard), Adam state (a shard)"
 
 
-def _judge_save_atomically(answer: Any) -> str | None:
-    with tempfile.TemporaryDirectory() as folder:
-        target = Path(folder) / "snapshot.pt"
-        answer({"step": 1}, str(target))
-        if _step_in(target) != 1:
-            return "after save_atomically(state, path), torch.load(path) should give the state back"
-        events: list[tuple] = []  # ("sync", inode) and ("rename", inode, src, dst), in order
-        real_replace, real_rename, real_fsync = os.replace, os.rename, os.fsync
+def zero1_step_rank(rank: int, world_size: int, answer: Any) -> str | None:
+    """One rank of exercise 08.2's check: ``answer`` against AdamW on the averaged gradient."""
+    import torch.distributed as dist
 
-        def renamed(real):
-            def rename(src, dst, *args, **kwargs):
-                events.append(("rename", os.stat(src).st_ino, Path(src), Path(dst)))
-                return real(src, dst, *args, **kwargs)
-            return rename
+    from ..devices import rank_device
 
-        def fsync(fd):
-            events.append(("sync", os.fstat(fd).st_ino))
-            return real_fsync(fd)
-
-        with mock.patch.object(os, "replace", renamed(real_replace)), \
-                mock.patch.object(os, "rename", renamed(real_rename)), mock.patch.object(os, "fsync", fsync):
-            answer({"step": 2}, str(target))
-            if _step_in(target) != 2:
-                return "a second save should replace the first: torch.load(path) gave the old state back"
-            try:
-                answer({"step": 3, "payload": _DiesHalfWay()}, str(target))
-            except Exception:  # noqa: BLE001, S110 - the simulated death is expected
-                pass
-        if _step_in(target) != 2:
-            return ("a save that died half-way destroyed the last good snapshot: writing over the "
-                    "file truncates it first. Write the new snapshot under another name, then put it "
-                    "in place in one step")
-        renames = [e for e in events if e[0] == "rename"]
-        if not renames:
-            return ("the new snapshot must take the old one's place in one atomic step: a rename "
-                    "(os.replace), not a copy")
-        if any(src.parent != target.parent for _, _, src, _ in renames):
-            return ("the temporary file is in another folder, perhaps on another file system, where "
-                    "a rename is no longer atomic (it becomes a copy): write it beside the target")
-        if not any(e[0] == "sync" for e in events):
-            return ("force the new file to disk (os.fsync) before the rename: after a crash the rename "
-                    "could otherwise be on disk before the data")
-        first = events.index(renames[0])
-        if not any(e == ("sync", renames[0][1]) for e in events[:first]):
-            return ("the new snapshot reached the disk only after the rename (or another file did): after "
-                    "a crash the name could point at a file whose data never arrived; force it first")
-    return None
-
-
-_BATCH, _SAMPLES, _RESUME_AT, _STEPS = 4, 24, 8, 15  # 6 batches per epoch; resume after step 8 of 15
-
-
-def _job_data() -> tuple[torch.Tensor, torch.Tensor]:
+    device = rank_device()
     g = torch.Generator().manual_seed(0)
-    return torch.randn(_SAMPLES, 8, generator=g), torch.randn(_SAMPLES, 2, generator=g)
+    start = torch.randn(8 * world_size, generator=g).to(device)
+    grads = [torch.randn(8 * world_size, generator=g).to(device) for _ in range(world_size)]
+    reference = torch.nn.Parameter(start.clone())
+    reference.grad = sum(grads) / world_size
+    torch.optim.AdamW([reference], lr=0.1).step()
 
-
-def _job() -> tuple[nn.Module, torch.optim.Optimizer]:
-    """A small job with everything at stake: dropout (random numbers) and momentum (state)."""
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 2))
-    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
-
-def _train(model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, batch: int,
-           steps: int) -> tuple[int, int]:
-    """``steps`` steps from batch ``batch`` of ``epoch``, each epoch in its own shuffled order (the
-    sampler's seed + epoch rule); returns where the next step would start."""
-    inputs, targets = _job_data()
-    batches = _SAMPLES // _BATCH
-    for _ in range(steps):
-        order = torch.randperm(_SAMPLES, generator=torch.Generator().manual_seed(epoch))
-        rows = order[batch * _BATCH:(batch + 1) * _BATCH]
-        loss = nn.functional.mse_loss(model(inputs[rows]), targets[rows])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        epoch, batch = (epoch + 1, 0) if batch + 1 == batches else (epoch, batch + 1)
-    return epoch, batch
-
-
-def _judge_snapshot(answer: Any) -> str | None:
-    with torch.random.fork_rng():  # the notebook's own random numbers stay as they were
-        torch.manual_seed(1234)
-        model, optimizer = _job()
-        epoch, batch = _train(model, optimizer, 0, 0, _RESUME_AT)
-        snapshot = answer(model, optimizer, epoch, batch)
-        if not isinstance(snapshot, dict):
-            return f"return a dict (what torch.save writes), not {type(snapshot).__name__}"
-        saved = io.BytesIO()
-        torch.save(snapshot, saved)  # now, as a job does: later steps must not change it
-        _train(model, optimizer, epoch, batch, _STEPS - _RESUME_AT)
-        uninterrupted = {k: v.clone() for k, v in model.state_dict().items()}
-
-        torch.manual_seed(999)  # a fresh process: its own initial weights and random numbers
-        model, optimizer = _job()
-        saved.seek(0)
-        try:
-            loaded = torch.load(saved, weights_only=True)
-        except Exception:  # noqa: BLE001 - what weights_only refuses is the point
-            return ("torch.load(..., weights_only=True), as load_snapshot reads a snapshot, refuses "
-                    "whole objects: store state dicts and plain values")
-        if not isinstance(loaded.get("model"), dict):
-            return "the snapshot needs the model's weights, as its state dict, under 'model'"
-        model.load_state_dict(loaded["model"])
-        if "optimizer" in loaded:
-            optimizer.load_state_dict(loaded["optimizer"])
-        rng = loaded.get("rng")
-        if isinstance(rng, int):
-            return ("'rng' holds a seed: that says where the random numbers started, not where they "
-                    "stand after 8 steps")
-        if rng is not None:
-            torch.set_rng_state(rng)
-        if "epoch" not in loaded or "step_in_epoch" not in loaded:
-            return "the snapshot needs the position: without it the resumed run starts epoch 0 again"
-        _train(model, optimizer, loaded["epoch"], loaded["step_in_epoch"], _STEPS - _RESUME_AT)
-        resumed = model.state_dict()
-    if all(torch.equal(resumed[k], v) for k, v in uninterrupted.items()):
-        return None
-    if "optimizer" not in loaded:
-        return ("the resumed run differs from its first step: besides the weights, what decides how "
-                "big a step of SGD with momentum is?")
-    if rng is None:
-        return ("the resumed run drifts where randomness enters (dropout): the snapshot must hold "
-                "where the random numbers stand")
-    return ("the resumed run still ends elsewhere than the uninterrupted one: compare what your "
-            "snapshot holds with the table at the top of the notebook")
-
-
-def _judge_restart(answer: Any) -> str | None:
-    if not (isinstance(answer, (tuple, list)) and len(answer) == 2):
-        return "write a pair: (the step of the snapshot the job resumes from, steps computed twice)"
-    resumed, repeated = answer
-    if any(isinstance(v, bool) or not isinstance(v, int) for v in answer):
-        return "write both as whole numbers of steps"
-    every, killed_after = 3, 10
-    last = killed_after // every * every
-    if resumed != last:
-        if resumed == killed_after:
-            return ("the job resumes from its last snapshot, and snapshots are written every 3 "
-                    "steps: step 10 is not one of them")
-        if resumed == 0:
-            return "the job saved snapshots before the kill: a restart resumes, it does not start over"
-        if resumed % every == 0 and resumed < last:
-            return "that snapshot was overwritten by a later one, still written before the kill"
-        return "the job resumes from its last snapshot: which steps did it write one after?"
-    if repeated != killed_after - last:
-        if repeated == 0:
-            return ("the steps done after the last snapshot died with the process: the restarted job "
-                    "computes them again")
-        return "the repeated steps are those finished after the last snapshot, up to the kill"
+    flat_param = start.clone()
+    shard = torch.nn.Parameter(flat_param[8 * rank:8 * (rank + 1)].clone())
+    optimizer = torch.optim.AdamW([shard], lr=0.1)
+    try:
+        answer(flat_param, grads[rank].clone(), shard, optimizer)
+    except AttributeError as err:  # a collective's name from another torch release
+        names = [n for pair in COLLECTIVE_NAMES.items() for n in pair if f"'{n}'" in str(err)]
+        if not names:
+            raise
+        return (f"torch {torch.__version__} has no dist.{names[0]}: the flat-tensor collectives "
+                "changed names in torch 2.13 (see 'What gloo offers'); compat.reduce_scatter_single "
+                "and compat.all_gather_single work on every release")
+    mine = slice(8 * rank, 8 * (rank + 1))
+    dist.barrier()
+    if shard.grad is None:
+        return "shard.grad is still None: reduce-scatter the gradient into a tensor and set shard.grad"
+    if torch.allclose(shard.grad, sum(grads)[mine]):
+        return "shard.grad is the sum over the ranks: DDP averages, so divide by the world size"
+    if not torch.allclose(shard.grad, reference.grad[mine]):
+        return "shard.grad is not this rank's slice of the averaged gradient: reduce-scatter flat_grad"
+    if not torch.allclose(flat_param[mine], reference.detach()[mine]):
+        return "this rank's slice of flat_param was not updated: gather the stepped shards back into it"
+    if not torch.allclose(flat_param, reference.detach()):
+        return "the other ranks' slices of flat_param are stale: all-gather the updated shards into it"
     return None
+
+
+def _judge_zero1_step(answer: Any) -> str | None:
+    return hint_from_ranks(zero1_step_rank, 2, answer, hang_hint="the ranks hung: every rank must call "
+                           "the same collectives, in the same order")
+
+
+def clip_rank(rank: int, world_size: int, answer: Any) -> str | None:
+    """One rank of exercise 08.3's check: the total norm and the clipped shards."""
+    from ..devices import rank_device
+
+    device = rank_device()
+    g = torch.Generator().manual_seed(1)
+    full = [torch.randn(6, 4, generator=g).to(device) * (i + 1) for i in range(3)]
+    total = torch.sqrt(sum(t.square().sum() for t in full))
+    shards = [t.chunk(world_size)[rank].clone() for t in full]
+    got = answer(shards, 1.0)
+    got = float(got)
+    if abs(got - total.item()) > 1e-4 * total.item():
+        local = torch.sqrt(sum(s.square().sum() for s in [t.chunk(world_size)[rank] for t in full])).item()
+        if abs(got - local) < 1e-4 * local:
+            return "that is the norm of this rank's shards only: the other ranks hold the rest"
+        return ("norms do not add up across ranks: sum the squares over the ranks (an all-reduce), "
+                "then take the square root")
+    scale = 1.0 / (total.item() + 1e-6)
+    for s, t in zip(shards, full, strict=True):
+        if not torch.allclose(s, t.chunk(world_size)[rank] * scale, rtol=1e-4, atol=1e-7):
+            return "the norm is right, but the shards were not scaled by max_norm / total on every rank"
+    return None
+
+
+def _judge_clip(answer: Any) -> str | None:
+    return hint_from_ranks(clip_rank, 2, answer,
+                           hang_hint="the ranks hung: every rank must take part in the same all-reduce")
+
 
 
 EXERCISES = load_bank(__name__)

@@ -1,111 +1,115 @@
-"""Judges of the exercises of notebook 09 (sharded data parallelism); their content is in nb09.toml."""
+"""Judges of the exercises of notebook 09 (choosing a strategy); their content is in nb09.toml."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
-from ..compat import COLLECTIVE_NAMES
-from .core import hint_from_ranks, load_bank
+from .core import load_bank
 
 __all__ = ["EXERCISES"]
 
-_PSI, _N = 1_000_000_000, 8
 
-
-def _judge_zero2_bytes(answer: Any) -> str | None:
+def _judge_zero1_fraction(answer: Any) -> str | None:
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return f"write a number of bytes, not {type(answer).__name__}"
-    right = 2 * _PSI + (2 + 12) * _PSI / _N
-    if abs(answer - right) <= 0.005 * right:
+        return f"write a fraction such as 0.3, not {type(answer).__name__}"
+
+    def near(value: float) -> bool:
+        return abs(answer - value) < 0.01
+
+    # per parameter: the parameter, its gradient and AdamW's two moments, fp32 each; zero1_2 keeps
+    # the first two whole and half of the moments
+    if near((1 + 1 + 2 / 2) / 4):
         return None
-    if abs(answer - 16 * _PSI) < 0.01 * _PSI:
-        return "that is DDP's figure: stage 2 shards the gradients and the optimizer state"
-    if abs(answer - 16 * _PSI / _N) < 0.01 * _PSI:
-        return "that is ZeRO-3: in stage 2 every rank still holds all the fp16 parameters"
-    if abs(answer - (4 * _PSI + 12 * _PSI / _N)) < 0.01 * _PSI:
-        return "that is ZeRO-1: stage 2 also shards the gradients"
-    if abs(answer - (2 * _PSI + 10 * _PSI / _N)) < 0.01 * _PSI or abs(answer - (4 * _PSI + 12 * _PSI)) < _PSI:
-        return ("count K = 12 bytes of Adam state per parameter in mixed precision: an fp32 master "
-                "copy and two fp32 moments")
-    return "add three terms per rank: fp16 parameters (all), fp16 gradients (a shard), Adam state (a shard)"
+    if near(0.5):
+        return ("that is what an fsdp_2 process keeps, which splits everything; zero1_2 splits only "
+                "AdamW's state")
+    if near(0.625):
+        return "that splits the gradients too (ZeRO-2): zero1_2 splits only AdamW's state"
+    if near(1.0):
+        return "a zero1_2 process holds less than a ddp_2 process: AdamW's state is split between the ranks"
+    if near(0.25) or near(0.375):
+        return "zero1_2 has two ranks: what it splits is split in two, not in four"
+    if near(0.875):
+        return "AdamW's state is both moments: each rank keeps half of each of them"
+    if answer > 1:
+        return "a fraction of ddp_2's state: a number between 0 and 1"
+    return ("count the tensors a ddp_2 process keeps for every parameter, then which of them zero1_2 "
+            "splits between its two ranks")
 
 
-def zero1_step_rank(rank: int, world_size: int, answer: Any) -> str | None:
-    """One rank of exercise 09.2's check: ``answer`` against AdamW on the averaged gradient."""
-    import torch.distributed as dist
+_SYNONYMS = {"shrink": "shrink", "shrinks": "shrink", "smaller": "shrink", "decrease": "shrink",
+             "decreases": "shrink", "grow": "grow", "grows": "grow", "larger": "grow", "increase": "grow",
+             "increases": "grow", "same": "same", "unchanged": "same"}
 
-    from ..devices import rank_device
 
-    device = rank_device()
-    g = torch.Generator().manual_seed(0)
-    start = torch.randn(8 * world_size, generator=g).to(device)
-    grads = [torch.randn(8 * world_size, generator=g).to(device) for _ in range(world_size)]
-    reference = torch.nn.Parameter(start.clone())
-    reference.grad = sum(grads) / world_size
-    torch.optim.AdamW([reference], lr=0.1).step()
+def _judge_small(answer: Any) -> str | None:
+    word = _SYNONYMS.get(answer.strip().lower()) if isinstance(answer, str) else None
+    if word is None:
+        return f'answer "grow", "shrink" or "same", not {answer!r}'
+    if word == "shrink":
+        return None
+    if word == "grow":
+        return ("a narrower model and fewer rows mean much less compute per step, while each step "
+                "still pays fixed costs (a barrier, starting the all-reduce): which way does that push "
+                "the ratio?")
+    return "the compute per step falls far more than the communication: the ratio moves"
 
-    flat_param = start.clone()
-    shard = torch.nn.Parameter(flat_param[8 * rank:8 * (rank + 1)].clone())
-    optimizer = torch.optim.AdamW([shard], lr=0.1)
-    try:
-        answer(flat_param, grads[rank].clone(), shard, optimizer)
-    except AttributeError as err:  # a collective's name from another torch release
-        names = [n for pair in COLLECTIVE_NAMES.items() for n in pair if f"'{n}'" in str(err)]
-        if not names:
-            raise
-        return (f"torch {torch.__version__} has no dist.{names[0]}: the flat-tensor collectives "
-                "changed names in torch 2.13 (see 'What gloo offers'); compat.reduce_scatter_single "
-                "and compat.all_gather_single work on every release")
-    mine = slice(8 * rank, 8 * (rank + 1))
-    dist.barrier()
-    if shard.grad is None:
-        return "shard.grad is still None: reduce-scatter the gradient into a tensor and set shard.grad"
-    if torch.allclose(shard.grad, sum(grads)[mine]):
-        return "shard.grad is the sum over the ranks: DDP averages, so divide by the world size"
-    if not torch.allclose(shard.grad, reference.grad[mine]):
-        return "shard.grad is not this rank's slice of the averaged gradient: reduce-scatter flat_grad"
-    if not torch.allclose(flat_param[mine], reference.detach()[mine]):
-        return "this rank's slice of flat_param was not updated: gather the stepped shards back into it"
-    if not torch.allclose(flat_param, reference.detach()):
-        return "the other ranks' slices of flat_param are stale: all-gather the updated shards into it"
+
+_STATE = {  # bytes per GPU of the model state under mixed-precision Adam (notebook 08's ledger)
+    "ddp": lambda psi, n: 16 * psi,
+    "zero2": lambda psi, n: 2 * psi + (2 + 12) * psi / n,
+    "fsdp": lambda psi, n: 16 * psi / n,
+}
+
+
+def _choose(parameters: float, gpu_bytes: float, gpus: int, activation_bytes: float) -> str:
+    return next((s for s, state in _STATE.items() if state(parameters, gpus) + activation_bytes <= gpu_bytes),
+                "none")
+
+
+_CASES = [  # (parameters, gpu bytes, gpus, activation bytes)
+    (1e9, 80e9, 8, 10e9),  # ddp
+    (7e9, 80e9, 8, 10e9),  # zero2
+    (30e9, 80e9, 8, 10e9),  # fsdp
+    (70e9, 80e9, 8, 10e9),  # none
+    (4e9, 80e9, 8, 30e9),  # zero2: the model state alone would fit DDP, not with the activations
+    (15e9, 80e9, 8, 10e9),  # zero2: fits ZeRO-2 (66 GB), not ZeRO-1 (92.5 GB)
+    (3e9, 40e9, 8, 5e9),  # zero2 on a 40 GB GPU
+    (10e9, 80e9, 2, 10e9),  # none on 2 GPUs
+    (40e9, 80e9, 64, 10e9),  # fsdp on 64 GPUs
+]
+
+
+def _call(args: tuple) -> str:
+    """choose_strategy(10e9, 80e9, 2, 10e9), as a learner would write it."""
+    return "choose_strategy(" + ", ".join(f"{a / 1e9:g}e9" if a >= 1e9 else str(a) for a in args) + ")"
+
+
+def _judge_choose(answer: Any) -> str | None:
+    for args in _CASES:
+        right = _choose(*args)
+        got = answer(*args)
+        if got == right:
+            continue
+        psi, gpu, n, act = args
+        call = _call(args)
+        if right == "zero2" and got == "ddp" and _STATE["ddp"](psi, n) <= gpu:
+            return "the model state fits DDP here, but the activations need room too: add them"
+        if right == "zero2" and got in ("fsdp", "none") and 4 * psi + 12 * psi / n + act > gpu:
+            return ("your ZeRO-2 figure is ZeRO-1's: stage 2 shards more than the optimizer's state, "
+                    "so it fits here")
+        if got == _choose(psi, 80e9, n, act) and gpu != 80e9:
+            return f"{call} gave {got!r}, as if every GPU had 80 GB: use gpu_bytes"
+        if got == _choose(psi, gpu, 8, act) and n != 8:
+            return f"{call} gave {got!r}, as if there were 8 GPUs: use gpus"
+        if right == "fsdp" and got == "none":
+            return (f"{call} gave 'none', but FSDP fits there: recount what each GPU "
+                    "keeps once everything is sharded")
+        if got == "fsdp" and right in ("ddp", "zero2"):
+            return "prefer the strategy that sends the least when it fits: DDP first, FSDP last"
+        return (f"{call} gave {got!r}: work out each strategy's bytes per GPU in turn, "
+                "from DDP to FSDP, activations included, and keep the first that fits")
     return None
-
-
-def _judge_zero1_step(answer: Any) -> str | None:
-    return hint_from_ranks(zero1_step_rank, 2, answer, hang_hint="the ranks hung: every rank must call "
-                           "the same collectives, in the same order")
-
-
-def clip_rank(rank: int, world_size: int, answer: Any) -> str | None:
-    """One rank of exercise 09.3's check: the total norm and the clipped shards."""
-    from ..devices import rank_device
-
-    device = rank_device()
-    g = torch.Generator().manual_seed(1)
-    full = [torch.randn(6, 4, generator=g).to(device) * (i + 1) for i in range(3)]
-    total = torch.sqrt(sum(t.square().sum() for t in full))
-    shards = [t.chunk(world_size)[rank].clone() for t in full]
-    got = answer(shards, 1.0)
-    got = float(got)
-    if abs(got - total.item()) > 1e-4 * total.item():
-        local = torch.sqrt(sum(s.square().sum() for s in [t.chunk(world_size)[rank] for t in full])).item()
-        if abs(got - local) < 1e-4 * local:
-            return "that is the norm of this rank's shards only: the other ranks hold the rest"
-        return ("norms do not add up across ranks: sum the squares over the ranks (an all-reduce), "
-                "then take the square root")
-    scale = 1.0 / (total.item() + 1e-6)
-    for s, t in zip(shards, full, strict=True):
-        if not torch.allclose(s, t.chunk(world_size)[rank] * scale, rtol=1e-4, atol=1e-7):
-            return "the norm is right, but the shards were not scaled by max_norm / total on every rank"
-    return None
-
-
-def _judge_clip(answer: Any) -> str | None:
-    return hint_from_ranks(clip_rank, 2, answer,
-                           hang_hint="the ranks hung: every rank must take part in the same all-reduce")
-
 
 
 EXERCISES = load_bank(__name__)
