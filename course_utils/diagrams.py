@@ -212,25 +212,31 @@ def ring_schedule(world_size: int) -> list[RingStep]:
 
 
 def draw_ring(world_size: int = 4):
-    """Draw ``ring_schedule``: one panel per step, ranks by chunks, shaded by how complete each is."""
+    """Draw ``ring_schedule``: a row of panels per phase, one panel per step, ranks by chunks,
+    shaded by how many ranks' values each chunk sums; the chunk each rank just received is boxed."""
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
 
     steps = ring_schedule(world_size)
     n = world_size
     if not steps:
         raise ValueError("a ring needs world_size >= 2")
-    fig, axes = plt.subplots(1, len(steps), figsize=(2.1 * len(steps), 2.6), squeeze=False)
-    for ax, st in zip(axes[0], steps, strict=True):
-        ax.imshow(st.holds, cmap="Blues", vmin=0, vmax=n)
+    per_phase = n - 1
+    fig, axes = plt.subplots(2, per_phase, figsize=(max(3.0 * per_phase, 6.0), 6.4), squeeze=False)
+    for ax, st in zip(axes.flat, steps, strict=True):
+        ax.imshow(st.holds, cmap="Blues", vmin=0, vmax=n * 1.15)  # the darkest shade keeps contrast
         for r in range(n):
+            received = st.sends[(r - 1) % n]  # what the left neighbour sent this step
             for c in range(n):
-                ax.text(c, r, st.holds[r][c], ha="center", va="center", fontsize=8,
-                        color="white" if st.holds[r][c] == n else "black",
-                        fontweight="bold" if st.sends[(r - 1) % n] == c else "normal")
-        ax.set_title(f"{st.phase}\nstep {st.step + 1}", fontsize=8)
-        ax.set_xticks(range(n), [f"c{c}" for c in range(n)], fontsize=7)
-        ax.set_yticks(range(n), [f"rank {r}" for r in range(n)], fontsize=7)
+                value = st.holds[r][c]
+                ax.text(c, r, value, ha="center", va="center", fontsize=12,
+                        color="white" if value >= 0.6 * n else "black")
+            ax.add_patch(Rectangle((received - 0.44, r - 0.44), 0.88, 0.88, fill=False,
+                                   edgecolor="tab:orange", linewidth=3))
+        ax.set_title(f"{st.phase}, step {st.step + 1}", fontsize=11)
+        ax.set_xticks(range(n), [f"chunk {c}" for c in range(n)], fontsize=9)
+        ax.set_yticks(range(n), [f"rank {r}" for r in range(n)], fontsize=9)
     fig.suptitle(f"Ring all-reduce on {n} ranks: how many ranks' values each chunk sums "
-                 f"(bold: just received)", fontsize=10)
+                 f"(orange box: received this step)", fontsize=12)
     fig.tight_layout()
     return fig
