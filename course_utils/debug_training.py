@@ -365,7 +365,7 @@ def train_compressed(rank: int, world_size: int, hook: str, steps: int = 20) -> 
     real = dist.all_reduce
 
     def counting(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        sent.append(tensor.numel() * tensor.element_size())
+        sent.append(tensor.nbytes)
         return real(tensor, *args, **kwargs)
 
     dist.all_reduce = counting  # the hooks call dist.all_reduce: count what they hand it

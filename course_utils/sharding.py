@@ -302,24 +302,20 @@ def fsdp_model(mixed_precision: bool = False, reshard_after_forward: bool | None
                         reshard_after_forward=reshard_after_forward)
 
 
-def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes of this rank's parameters, gradients and optimizer state, counted from the tensors.
 
     A DTensor counts its local shard; ``ZeroRedundancyOptimizer`` counts the state it keeps.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
 
-    def nbytes(t: torch.Tensor) -> int:
-        t = t.to_local() if hasattr(t, "to_local") else t
-        return t.numel() * t.element_size()
+    def nbytes(tensors: list[torch.Tensor]) -> int:
+        return sum((t.to_local() if hasattr(t, "to_local") else t).nbytes for t in tensors)
 
-    tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
     state = getattr(optimizer, "optim", optimizer).state
-    tensors += [v for s in state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
-    return sum(nbytes(t) for t in tensors)
+    return {"parameters": nbytes(list(model.parameters())),
+            "gradients": nbytes([p.grad for p in model.parameters() if p.grad is not None]),
+            "optimizer state": nbytes([v for s in state.values() for v in s.values()
+                                       if torch.is_tensor(v) and v.dim() > 0])}
 
 
 def api_rank(rank: int, world_size: int, steps: int = 3, rows: int = 12, lr: float = 1e-2,
@@ -353,8 +349,7 @@ def api_rank(rank: int, world_size: int, steps: int = 3, rows: int = 12, lr: flo
             nn.functional.mse_loss(ddp_model(x), y).backward()
             optimizer.step()
         # endregion
-    zero_state = sum(v.numel() * v.element_size() for s in optimizer.optim.state.values()
-                     for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
+    zero_state = model_state_bytes(model, optimizer)["optimizer state"]
     out: dict = {"zero_redundancy": [p.detach().cpu() for p in model.parameters()],
                  "zero_redundancy_state": zero_state}
     del ddp_model, optimizer, model
@@ -376,11 +371,7 @@ def api_rank(rank: int, world_size: int, steps: int = 3, rows: int = 12, lr: flo
                       "global": tuple(weight.shape), "local": tuple(weight.to_local().shape),
                       "local_norm_alone": local_grad_sq.sqrt().item(),
                       "clip_norm": norm.full_tensor().item() if hasattr(norm, "full_tensor") else norm.item()}
-    out["fsdp_held"] = {
-        "parameters": sum(p.to_local().numel() * p.element_size() for p in model.parameters()),
-        "gradients": sum(p.grad.to_local().numel() * p.grad.element_size() for p in model.parameters()),
-        "optimizer state": sum(v.to_local().numel() * v.element_size() for s in optimizer.state.values()
-                               for v in s.values() if hasattr(v, "to_local") and v.dim() > 0)}
+    out["fsdp_held"] = model_state_bytes(model, optimizer)
     out["shapes"] = [tuple(p.shape) for p in model.parameters()]
     if checkpoint is not None:
         dcp.save(get_model_state_dict(model), checkpoint_id=checkpoint)
