@@ -348,6 +348,8 @@ def sampler_orders(rank: int, world_size: int, size: int, epochs: int, set_epoch
 def evaluation_set(size: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed validation set of ``size`` rows and labels, with a fixed model's predictions
     right on the first rows and on every third row after them (so padding shows)."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"size must be an int >= 1, got {size!r}")
     torch.manual_seed(0)
     x = torch.randn(size, 4)
     model = _classifier()
