@@ -156,7 +156,7 @@ def _harness_rank(rank: int, world_size: int, strategy: str, width: int, global_
         if step >= 2:
             times.append(time.perf_counter() - start)
     memory = [torch.cuda.max_memory_allocated(d) / 2**20 for d in used] if used else [_peak_rss_mb()]
-    state = model_state_bytes(model, optimizer) / 2**20
+    state = sum(model_state_bytes(model, optimizer).values()) / 2**20
     del model, optimizer
     return {"step_time_s": statistics.median(times), "memory_mb": memory, "state_mb": state, "on_gpu": on_gpu,
             "where": (f"cuda:{','.join(map(str, used))}" if on_gpu else

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from ._checks import check_positive_int
-from .by_hand import data_parallel, gather, parallel_apply, replicate, scatter
+from .by_hand import data_parallel
+from .dp_primitives import gather, parallel_apply, replicate, scatter_kwargs
 from .simulated import parse_devices, tensors_in
 
 __all__ = ["Equivalence", "compare_training", "time_steps"]
@@ -116,11 +117,11 @@ def time_steps(model: nn.Module, inputs: torch.Tensor, device_ids: Sequence[Any]
 
     for _ in range(repeats + 1):  # the first round warms up and is dropped
         t0 = tick()
-        chunks = scatter(inputs, devices, strict=False)
+        chunks, kwargs = scatter_kwargs((inputs,), None, devices)
         t1 = tick()
         replicas = replicate(model, devices[: len(chunks)])
         t2 = tick()
-        outs = parallel_apply(replicas, chunks, None, devices[: len(chunks)])
+        outs = parallel_apply(replicas, chunks, kwargs, devices[: len(chunks)])
         t3 = tick()
         gather(outs, devices[0])
         t4 = tick()

@@ -20,14 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .by_hand import (
-    DataParallelByHand,
-    SimDevice,
-    parallel_apply,
-    parse_devices,
-    replicate,
-    scatter_kwargs,
-)
+from .by_hand import DataParallelByHand
+from .dp_primitives import parallel_apply, replicate, scatter_kwargs
+from .simulated import SimDevice, parse_devices
 
 __all__ = ["DataParallelCriterion", "DataParallelModel"]
 
@@ -36,7 +31,7 @@ class DataParallelModel(DataParallelByHand):
     """``DataParallelByHand`` without the gather: ``forward`` returns one output per device."""
 
     def forward(self, *inputs: Any, **kwargs: Any) -> list[Any]:
-        scattered, kw = scatter_kwargs(inputs, kwargs, self.device_ids, self.dim, strict=False)
+        scattered, kw = scatter_kwargs(inputs, kwargs, self.device_ids, self.dim)
         if len(self.device_ids) == 1:
             return [self.module(*scattered[0], **kw[0])]
         used = self.device_ids[: len(scattered)]

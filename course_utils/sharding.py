@@ -33,7 +33,7 @@ from torch import nn
 
 from ._checks import check_int, check_positive_int
 from .memory import Ledger, ModelSpec, ledger
-from .zero import STAGES, CommLog, ZeroByHand, shard_numel
+from .zero import CommLog, ZeroByHand, shard_numel
 
 __all__ = [
     "PASSES",
@@ -70,10 +70,6 @@ def _check_strategy(strategy: str) -> None:
 def fsdp_local_numel(shapes: Sequence[Sequence[int]], world_size: int, rank: int) -> int:
     """Elements of ``rank``'s shards under ``fully_shard``: each parameter's dim 0 chunked as
     ``torch.chunk`` chunks it (so the last ranks may hold fewer rows, or none)."""
-    world_size = check_positive_int("world_size", world_size)
-    rank = check_int("rank", rank)
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank}")
     total = 0
     for shape in shapes:
         rows, per_row = shape[0], int(torch.Size(shape[1:]).numel())
@@ -212,7 +208,6 @@ def sharded_ledger(spec: ModelSpec, strategy: str, *, batch_size: int, num_devic
 
 def toy_model(width: int = 32) -> nn.Sequential:
     """Three ``nn.Linear`` layers (the units that get sharded), seeded: the same on every rank."""
-    width = check_positive_int("width", width)
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
                          nn.Linear(width, 4))
@@ -220,7 +215,6 @@ def toy_model(width: int = 32) -> nn.Sequential:
 
 def toy_batches(steps: int, rows: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``steps`` global batches of ``rows`` rows (inputs, regression targets), from a fixed seed."""
-    steps, rows = check_positive_int("steps", steps), check_positive_int("rows", rows)
     g = torch.Generator().manual_seed(1)
     return [(torch.randn(rows, 16, generator=g), torch.randn(rows, 4, generator=g)) for _ in range(steps)]
 
@@ -247,8 +241,6 @@ def by_hand_rank(rank: int, world_size: int, stages: Sequence[int] = (0, 1, 2, 3
 
     from .devices import rank_device
 
-    if not stages or any(stage not in STAGES for stage in stages):
-        raise ValueError(f"stages must be a non-empty list drawn from {STAGES}, got {stages!r}")
     device = rank_device()
     batches = [(x.chunk(world_size)[rank].to(device), y.chunk(world_size)[rank].to(device))
                for x, y in toy_batches(steps, rows)]
@@ -283,8 +275,6 @@ def shard_layers(model: nn.Module, *, mixed_precision: bool = False,
     keeps every layer's from forward to backward."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if mixed_precision else MixedPrecisionPolicy()
     for layer in model.modules():
@@ -302,24 +292,20 @@ def fsdp_model(mixed_precision: bool = False, reshard_after_forward: bool | None
                         reshard_after_forward=reshard_after_forward)
 
 
-def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes of this rank's parameters, gradients and optimizer state, counted from the tensors.
 
     A DTensor counts its local shard; ``ZeroRedundancyOptimizer`` counts the state it keeps.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
 
-    def nbytes(t: torch.Tensor) -> int:
-        t = t.to_local() if hasattr(t, "to_local") else t
-        return t.numel() * t.element_size()
+    def nbytes(tensors: list[torch.Tensor]) -> int:
+        return sum((t.to_local() if hasattr(t, "to_local") else t).nbytes for t in tensors)
 
-    tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
     state = getattr(optimizer, "optim", optimizer).state
-    tensors += [v for s in state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
-    return sum(nbytes(t) for t in tensors)
+    return {"parameters": nbytes(list(model.parameters())),
+            "gradients": nbytes([p.grad for p in model.parameters() if p.grad is not None]),
+            "optimizer state": nbytes([v for s in state.values() for v in s.values()
+                                       if torch.is_tensor(v) and v.dim() > 0])}
 
 
 def api_rank(rank: int, world_size: int, steps: int = 3, rows: int = 12, lr: float = 1e-2,
@@ -353,8 +339,7 @@ def api_rank(rank: int, world_size: int, steps: int = 3, rows: int = 12, lr: flo
             nn.functional.mse_loss(ddp_model(x), y).backward()
             optimizer.step()
         # endregion
-    zero_state = sum(v.numel() * v.element_size() for s in optimizer.optim.state.values()
-                     for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
+    zero_state = model_state_bytes(model, optimizer)["optimizer state"]
     out: dict = {"zero_redundancy": [p.detach().cpu() for p in model.parameters()],
                  "zero_redundancy_state": zero_state}
     del ddp_model, optimizer, model
@@ -376,11 +361,7 @@ def api_rank(rank: int, world_size: int, steps: int = 3, rows: int = 12, lr: flo
                       "global": tuple(weight.shape), "local": tuple(weight.to_local().shape),
                       "local_norm_alone": local_grad_sq.sqrt().item(),
                       "clip_norm": norm.full_tensor().item() if hasattr(norm, "full_tensor") else norm.item()}
-    out["fsdp_held"] = {
-        "parameters": sum(p.to_local().numel() * p.element_size() for p in model.parameters()),
-        "gradients": sum(p.grad.to_local().numel() * p.grad.element_size() for p in model.parameters()),
-        "optimizer state": sum(v.to_local().numel() * v.element_size() for s in optimizer.state.values()
-                               for v in s.values() if hasattr(v, "to_local") and v.dim() > 0)}
+    out["fsdp_held"] = model_state_bytes(model, optimizer)
     out["shapes"] = [tuple(p.shape) for p in model.parameters()]
     if checkpoint is not None:
         dcp.save(get_model_state_dict(model), checkpoint_id=checkpoint)
@@ -415,13 +396,10 @@ def api_rank(rank: int, world_size: int, steps: int = 3, rows: int = 12, lr: flo
 
 def dcp_load_rank(rank: int, world_size: int, checkpoint: str) -> dict:
     """One rank: a fresh FSDP model (other weights) loads the DCP checkpoint, whatever N saved it."""
-    from pathlib import Path
 
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-    if not isinstance(checkpoint, str) or not Path(checkpoint).is_dir():
-        raise FileNotFoundError(f"checkpoint must be the folder a DCP save wrote, got {checkpoint!r}")
     model = fsdp_model()
     with torch.no_grad():
         for p in model.parameters():

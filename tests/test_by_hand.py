@@ -100,26 +100,23 @@ def test_scatter_kwargs_pads_and_splits():
     assert kwargs[1]["flag"] is True and kwargs[1]["weight"].shape == (2,)
     inputs, kwargs = scatter_kwargs((), {"x": x}, sim_devices(2))
     assert inputs == ((), ())
-    with pytest.raises(TypeError, match="inputs must be a tuple"):
-        scatter_kwargs([x], None, sim_devices(2))
 
 
-def test_small_batch_is_an_error_unless_not_strict():
+def test_small_batch_leaves_devices_idle_and_data_parallel_refuses_it_unless_not_strict():
     x = torch.randn(2, 3)
+    assert len(scatter(x, sim_devices(3))) == 2  # what nn.DataParallel silently does
     with pytest.raises(ValueError, match="fewer than the 3 devices: nn.DataParallel would silently"):
-        scatter(x, sim_devices(3))
-    assert len(scatter(x, sim_devices(3), strict=False)) == 2
-    with pytest.raises(ValueError, match="fewer than the 3 devices"):
         data_parallel(nn.Linear(3, 1), x, sim_devices(3))
+    assert data_parallel(nn.Linear(3, 1), x, sim_devices(3), strict=False).shape == (2, 1)
 
 
-def test_scatter_bad_dims():
+def test_data_parallel_refuses_dims_it_cannot_scatter():
     with pytest.raises(ValueError, match="dim=2 is out of range"):
-        scatter(torch.randn(4, 2), sim_devices(2), dim=2)
+        data_parallel(nn.Linear(2, 1), torch.randn(4, 2), sim_devices(2), dim=2)
     with pytest.raises(ValueError, match="0-dim"):
-        scatter(torch.tensor(1.0), sim_devices(2))
+        data_parallel(nn.Linear(2, 1), torch.tensor(1.0), sim_devices(2))
     with pytest.raises(TypeError, match="dim must be an int"):
-        scatter(torch.randn(4, 2), sim_devices(2), dim=0.5)
+        data_parallel(nn.Linear(2, 1), torch.randn(4, 2), sim_devices(2), dim=0.5)
 
 
 # ----------------------------------------------------------------------------- replicate
@@ -167,13 +164,6 @@ def test_batchnorm_running_mean_comes_from_the_first_chunk_only():
     assert not torch.allclose(bn.running_mean, whole.running_mean)
 
 
-def test_replicate_rejects_bad_arguments():
-    with pytest.raises(TypeError, match="nn.Module"):
-        replicate(lambda x: x, sim_devices(2))
-    with pytest.raises(ValueError, match="empty"):
-        replicate(nn.Linear(1, 1), [])
-
-
 # ----------------------------------------------------------------------------- parallel_apply
 
 
@@ -211,11 +201,6 @@ def test_parallel_apply_reraises_naming_the_device():
     assert "Original traceback" in str(info.value)
 
 
-def test_parallel_apply_length_mismatch():
-    with pytest.raises(ValueError, match="2 replicas but 3 inputs"):
-        parallel_apply([nn.Identity()] * 2, [torch.zeros(1)] * 3)
-
-
 # ----------------------------------------------------------------------------- gather
 
 
@@ -230,15 +215,6 @@ def test_gather_of_scalars_warns_and_returns_a_vector():
     with pytest.warns(UserWarning, match="all input tensors were scalars"):
         out = gather([torch.tensor(1.0), torch.tensor(3.0)], "sim:0")
     assert out.tolist() == [1.0, 3.0]
-
-
-def test_gather_bad_arguments():
-    with pytest.raises(ValueError, match="non-empty"):
-        gather([], "sim:0")
-    with pytest.raises(TypeError, match="cannot gather"):
-        gather(["a", "b"], "sim:0")
-    with pytest.raises(ValueError, match="unknown device"):
-        gather([torch.ones(1)], "tpu:0")
 
 
 # ----------------------------------------------------------------------------- equivalence
@@ -353,6 +329,6 @@ def test_record_memory_counts_what_a_device_holds_alike_on_both_paths():
         note_memory("cuda:0", "inputs", chunks[0], whole_storage=True)   # a view: the whole input
         note_memory("cuda:1", "inputs", chunks[1].clone(), whole_storage=True)
     with record_memory() as simulated:
-        scatter(x, sim_devices(2))
+        data_parallel(nn.Linear(4, 1), x, sim_devices(2))
     assert record.bytes("cuda:0", "inputs") == x.nbytes == simulated.bytes("sim:0", "inputs")
     assert record.bytes("cuda:1", "inputs") == x.nbytes // 2 == simulated.bytes("sim:1", "inputs")

@@ -9,6 +9,7 @@ import pkgutil
 import pytest
 import torch
 from conftest import rank_processes
+from device_audit import DeviceAudit, audited
 from torch import nn
 
 import course_utils
@@ -131,7 +132,7 @@ def test_bench_figures_all_run_on_the_cpu_with_gloo(monkeypatch, capsys):
 
 
 def test_the_audit_flags_what_would_fail_under_nccl():
-    with devices.DeviceAudit(torch.device("cpu")) as audit:
+    with DeviceAudit(torch.device("cpu")) as audit:
         model = nn.Linear(4, 2)
         model(torch.randn(3, 4))
     assert audit.violations == [
@@ -143,7 +144,7 @@ def test_the_audit_flags_what_would_fail_under_nccl():
 
 def test_the_audit_accepts_placed_tensors_and_what_is_computed_from_them():
     device = torch.device("cpu")
-    with devices.DeviceAudit(device) as audit:
+    with DeviceAudit(device) as audit:
         model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)).to(device)
         x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0)).to(device)
         y = model(torch.cat([x, torch.ones(1, 4, device=device)]) * 2)
@@ -153,7 +154,7 @@ def test_the_audit_accepts_placed_tensors_and_what_is_computed_from_them():
 
 
 def test_the_audit_follows_a_tensor_through_operations():
-    with devices.DeviceAudit(torch.device("cpu")) as audit:
+    with DeviceAudit(torch.device("cpu")) as audit:
         model = nn.Linear(4, 2).to("cpu")
         model((torch.randn(3, 4) * 2)[1:])  # computed from an unplaced tensor: still unplaced
     assert len(audit.violations) == 1 and audit.violations[0].startswith("Linear input: a (2, 4)")
@@ -166,7 +167,7 @@ def _flat_collectives_unplaced(rank, world_size):
 
     from course_utils import compat
 
-    with devices.DeviceAudit() as audit:
+    with DeviceAudit() as audit:
         compat.reduce_scatter_single(torch.empty(2), torch.ones(2 * world_size))
         compat.all_gather_single(torch.empty(2 * world_size), torch.ones(2))
         dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * world_size))
@@ -249,7 +250,6 @@ CASES = {
 EXEMPT = {
     "fault_demos.die_while_saving": "kills itself with SIGKILL mid-save by design; it calls no "
                                     "module and no collective, so it has no device to get wrong",
-    "devices.audited": "the audit itself",
     "ddp_train.build_job": "train_ddp and train_resumable build their job with it (audited above)",
     "sharding.dcp_load_rank": "needs the checkpoint that sharding.api_rank writes (audited above); "
                               "tests/test_sharding.py runs the two in turn",
@@ -272,7 +272,7 @@ def _audit_cases(rank, world_size, cases):
     found = {}
     for case, fn, args in cases:
         try:
-            found[case] = devices.audited(rank, world_size, fn, *args)
+            found[case] = audited(rank, world_size, fn, *args)
         except Exception as err:  # reported per case below
             found[case] = {"error": f"{type(err).__name__}: {err}"}
         dist.barrier()  # every rank finishes a case before the next begins

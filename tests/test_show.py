@@ -79,14 +79,28 @@ def test_notebooks_show_code_with_show_not_by_slicing_text():
                     f"{path.name} slices source text: {cell.source[:120]}"
 
 
-def test_the_notebooks_show_code():
-    assert len(CALLS) >= 15, CALLS
+#: An argument check: a raise of the errors bad arguments get, or a _checks helper.
+ARGUMENT_CHECK = re.compile(r"raise (ValueError|TypeError|FileNotFoundError)\b|\bcheck_\w+\(")
+#: Another notebook's plumbing: notebook 04's memory notes.
+PLUMBING = ("note_memory", "record_memory", "recording(")
+
+
+def test_notebook_03_shows_the_four_primitives():
+    shown = {call for notebook, _, call in CALLS if notebook.startswith("03_")}
+    assert {"show(scatter)", "show(replicate)", "show(parallel_apply)", "show(gather)"} <= shown, shown
 
 
 @pytest.mark.parametrize(("notebook", "imports", "call"), CALLS, ids=[f"{n}:{c}" for n, _, c in CALLS])
-def test_every_region_a_notebook_shows_exists(notebook, imports, call):
+def test_what_a_notebook_shows_is_rendered_and_reads_like_the_lesson(notebook, imports, call, capsys):
     namespace: dict = {}
     exec(imports, namespace)  # the notebook's own imports from course_utils
     namespace["show"] = show.source
     text = eval(call, namespace)  # show(...) -> source(...): raises if the object or region is gone
-    assert text.strip()
+    namespace["show"] = show.show
+    eval(call, namespace)
+    header, _, printed = capsys.readouterr().out.partition("\n")
+    assert header.startswith("# course_utils.") and printed.rstrip("\n") == text  # what show() prints
+    assert len(text.splitlines()) >= 2, text
+    checks = [line for line in text.splitlines() if ARGUMENT_CHECK.search(line)]
+    assert checks == [], f"{notebook} shows argument checks: {checks}"
+    assert [p for p in PLUMBING if p in text] == [], f"{notebook} shows another notebook's plumbing"

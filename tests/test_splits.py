@@ -1,3 +1,5 @@
+import math
+
 import matplotlib
 import pytest
 import torch
@@ -15,10 +17,13 @@ PUBLISHED = {  # the tutorial's published splits for 100 samples in batches of 3
 
 
 def test_split_sizes_agrees_with_torch_chunk_everywhere():
-    for batch in range(1, 65):
+    """The one comparison with torch.chunk: every batch up to 300 rows on up to 16 devices."""
+    for batch in range(1, 301):
         for devices in range(1, 17):
-            chunks = torch.arange(batch).chunk(devices)
-            assert split_sizes(batch, devices) == [len(c) for c in chunks], (batch, devices)
+            sizes = split_sizes(batch, devices)
+            assert sizes == [len(c) for c in torch.arange(batch).chunk(devices)], (batch, devices)
+            assert sum(sizes) == batch and len(sizes) <= devices
+            assert sizes[:-1] == [math.ceil(batch / devices)] * (len(sizes) - 1)
 
 
 def test_split_sizes_examples():
