@@ -40,6 +40,7 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
+import re
 import shutil
 import socket
 import subprocess
@@ -65,6 +66,12 @@ STORE_TIMEOUT_S = 30.0
 GROUP_GRACE_S = 30.0
 #: after a rank failed, how long to wait for the other ranks' evidence before blaming the first
 EVIDENCE_S = 0.5
+#: how long to wait for the cause when every failure so far is a peer's echo (see _PEER_FAILED)
+ECHO_WAIT_S = 5.0
+#: how a collective fails in a rank whose peer failed first: an echo of the cause, not the cause
+#: (a rank that raised may clean up, e.g. destroy its group, before its own error is recorded)
+_PEER_FAILED = re.compile(r"gloo/transport|Connection (?:closed|reset) by peer|Broken pipe|"
+                          r"remote process exited|communicator was aborted", re.IGNORECASE)
 #: after every rank returned, how long their processes get to exit by themselves
 EXIT_GRACE_S = 10.0
 #: how often the launcher polls the ranks
@@ -223,6 +230,17 @@ def launch(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _is_echo(result: RankResult) -> bool:
+    return _PEER_FAILED.search(result.message or "") is not None
+
+
+def _cause(results: dict[int, RankResult]) -> int:
+    """The rank to blame: the earliest failure that is not a peer's echo, else the earliest."""
+    errors = sorted((res.finished_at, rank) for rank, res in results.items() if not res.ok)
+    own = [(at, rank) for at, rank in errors if not _is_echo(results[rank])]
+    return (own or errors)[0][1]
+
+
 def _wait(ranks: list[RankHandle], timeout_s: float, echo: bool, stacks: bool) -> list[Any]:
     deadline = time.monotonic() + timeout_s
     results: dict[int, RankResult] = {}
@@ -244,7 +262,9 @@ def _wait(ranks: list[RankHandle], timeout_s: float, echo: bool, stacks: bool) -
         if died or errors:
             now = time.monotonic()
             trouble_since = trouble_since or now
-            if now - trouble_since < EVIDENCE_S and len(exited_at) < len(ranks):
+            echoes_only = not died and all(_is_echo(results[rank]) for _, rank in errors)
+            wait = ECHO_WAIT_S if echoes_only else EVIDENCE_S
+            if now - trouble_since < wait and len(exited_at) < len(ranks):
                 time.sleep(POLL_S)
                 continue
             stop(ranks)
@@ -255,7 +275,7 @@ def _wait(ranks: list[RankHandle], timeout_s: float, echo: bool, stacks: bool) -
                 raise RankError(first.rank, "ProcessDied", f"the process {how} before returning",
                                 "(no Python traceback: the process itself ended)",
                                 first.output(keep_logs=True))
-            _, rank = min(errors)  # the earliest failure is the cause; later ones are its echoes
+            rank = _cause(results)
             res = results[rank]
             raise RankError(rank, res.exc_type, res.message, res.traceback,
                             ranks[rank].output(keep_logs=True))

@@ -368,3 +368,20 @@ def test_rank_zero_saves_and_everyone_reads(tmp_path):
     assert results[0]["wrapped_keys"] == ["module.weight", "module.bias"]
     assert results[0]["saved_keys"] == ["weight", "bias"]
     assert os.path.exists(path)
+
+
+def test_the_rank_blamed_is_the_cause_not_a_peer_that_lost_it():
+    """A rank that raises may tear its group down before its own error is written; the peers
+    waiting for it then fail first, with a transport error. The launch still blames the cause."""
+    from course_utils.distributed import _cause
+    from course_utils.launcher.processes import RankResult
+
+    closed = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4321"
+    echo = RankResult(ok=False, finished_at=1.0, exc_type="RuntimeError", message=closed)
+    cause = RankResult(ok=False, finished_at=2.0, exc_type="ValueError", message="rank two is unhappy")
+    assert _cause({0: echo, 1: echo, 2: cause}) == 2
+    assert _cause({0: echo, 1: RankResult(ok=False, finished_at=0.5, exc_type="RuntimeError",
+                                          message="Connection reset by peer")}) == 1  # only echoes: the first
+    assert _cause({0: RankResult(ok=True, finished_at=0.1), 1: cause, 2: echo}) == 1
+    own = RankResult(ok=False, finished_at=0.2, exc_type="KeyError", message="'step'")
+    assert _cause({0: cause, 1: own}) == 1  # two causes: the earlier
