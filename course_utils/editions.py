@@ -200,7 +200,8 @@ def update(root: Path = NOTEBOOKS, languages=tuple(LANGUAGES)) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_utils.editions", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m course_utils.editions",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true",
                         help="change nothing; list what is missing, fuzzy or out of date, exit 1 if any")
     parser.add_argument("--lang", choices=sorted(LANGUAGES), action="append",
@@ -209,7 +210,7 @@ def main(argv=None) -> int:
     languages = tuple(args.lang or LANGUAGES)
     if not args.check:
         update(NOTEBOOKS, languages)
-    found = [p for lang in languages for p in problems(lang)]
+    found = [p for lang in languages for p in problems(lang, NOTEBOOKS)]
     for p in found:
         print(p)
     print(f"{len(found)} problem(s) in {', '.join(languages)}" if found else
