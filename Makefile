@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit nbval stress execute lab preflight solutions lint bench gpu-check compat clean
+.PHONY: help install test unit nbval stress execute lab preflight solutions lint bench gpu-check compat editions clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -65,6 +65,12 @@ gpu-check: $(STAMP) ## On a GPU machine: the gpu tests and every notebook on the
 TORCH ?= 2.11.0
 compat: ## Every notebook, every solution and the launch tests on another torch (TORCH=2.11.0, Colab's)
 	$(PYTHON) -m course_utils.compat_check --torch $(TORCH)
+
+# The Korean, Japanese and Chinese editions (notebooks/ko, ja, zh) from the English notebooks and
+# the PO files: a changed English cell keeps its translation, flagged fuzzy; a new cell gets an
+# empty entry. Run it after editing an English notebook; tests/test_editions.py fails until then.
+editions: $(STAMP) ## Update the PO files from the English notebooks and rebuild notebooks/ko, ja, zh
+	$(BIN)/python -m course_utils.editions
 
 lint: $(STAMP) ## ruff over the package, the tests and the notebooks
 	$(BIN)/python -m ruff check .
