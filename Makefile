@@ -89,11 +89,14 @@ $(BOOK_STAMP): requirements-book.txt
 	$(BOOK_VENV)/bin/python -m pip install --quiet -r requirements-book.txt
 	@touch $@
 
-# Debian's Chromium, and a font with Korean, Japanese and Chinese (the References quote them) so
-# that the screenshots show what a reader sees. Installed when missing, as root; else what to do.
+# Debian's Chromium, and fonts for Korean, Japanese and Chinese (the translated editions, the
+# language switcher, the References): without them a headless browser draws those as empty boxes,
+# and book/check.py fails. Debian's fonts-noto-cjk when fontconfig finds no font for one of ko, ja,
+# zh-cn. Installed when missing, as root; else what to do.
 book-browser:
 	@missing=""; [ -x $(CHROMIUM) ] || missing=" chromium"; \
-	fc-list :lang=ko 2>/dev/null | grep -q . || missing="$$missing fonts-wqy-microhei"; \
+	for lang in ko ja zh-cn; do fc-list :lang=$$lang 2>/dev/null | grep -q . || cjk=" fonts-noto-cjk"; done; \
+	missing="$$missing$$cjk"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
 	    echo "make book-check needs Debian's$$missing, which only root can install:"; \

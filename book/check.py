@@ -14,9 +14,18 @@ fails on:
   that reaches past the screen's edge;
 - visible text that shows a path of the machine that made the outputs or a placeholder of the
   nbval sanitizer (``<DURATION>``...);
-- a search for a word of the course that finds nothing.
+- a search for a word of the course that finds nothing (in each language's own search);
+- on a translated edition's page (``<lang>/...``, one book per language: build.py), a Colab link
+  that does not open that edition's notebook (``notebooks/<lang>/``);
+- Korean, Japanese or Chinese drawn as empty boxes ("tofu": no font on the machine has those
+  glyphs). On every page, the page's own CJK characters (its translated text, else the language
+  switcher's names) are drawn on a canvas in the font the page computes for them, one by one, and
+  compared with a character that no font has (U+10FFFD, private use): a character drawn exactly
+  like it, or not at all, has no glyph. The fix is Debian's ``fonts-noto-cjk``
+  (``make book-browser`` installs it).
 
-It saves a screenshot of every page at both widths in ``_book/shots`` (git-ignored) for a person.
+It saves a screenshot of every English page at both widths in ``_book/shots`` (git-ignored) for a
+person, and of one translated page per language: the edition's page with the most CJK text.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from build import OUT, ROOT, course_notebooks  # noqa: E402
+from build import ENGLISH, OUT, ROOT, edition_languages, edition_notebooks  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 # Chromium on a machine whose only network is a package registry: no first-run, sync, component
@@ -45,6 +54,10 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
 SEARCH_WORD = "DistributedSampler"
+FONT_PACKAGE = "fonts-noto-cjk"
+# Hangul (jamo, compatibility jamo, syllables), kana, CJK ideographs (extension A, unified, compatibility).
+CJK_RANGES = r"\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+CJK = re.compile(f"[{CJK_RANGES}]")
 
 # What must never be visible: a path of the machine that ran the notebooks, an ipykernel file,
 # or a placeholder of tests/nbval_sanitize.cfg (they belong to nbval's comparison, not to a page).
@@ -119,7 +132,7 @@ def link_problems(site: Path, base: str, page_url: str, hrefs: list[str]) -> lis
 
 
 # Run in the page: images that did not load, links, outputs, and what reaches past the screen.
-PAGE_FACTS = r"""async () => {
+PAGE_FACTS = r"""async (CJK_RANGES) => {
   const imgs = Array.from(document.images);
   imgs.forEach(i => { i.loading = "eager"; });
   await Promise.all(imgs.map(i => i.complete ? null :
@@ -156,7 +169,49 @@ PAGE_FACTS = r"""async () => {
   }
   if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
   const outputs = Array.from(document.querySelectorAll("div.cell_output"));
+  // CJK glyphs: the page's own CJK characters (the article's first, else any shown text, such as the
+  // language switcher's names) drawn one by one in the font the page computes for them, against a
+  // character no font has (U+10FFFD): drawn like it, or blank, means no glyph (an empty box).
+  const cjk = new RegExp("[" + CJK_RANGES + "]", "gu");
+  const glyphs = {chars: "", missing: "", font: ""};
+  const article = document.querySelector("article.bd-article");
+  for (const scope of [article, document.body]) {
+    if (!scope || glyphs.chars) continue;
+    const texts = document.createTreeWalker(scope, NodeFilter.SHOW_TEXT);
+    const seen = new Set();
+    let holder = null;
+    for (let t = texts.nextNode(); t && seen.size < 48; t = texts.nextNode()) {
+      const found = t.textContent.match(cjk);
+      if (!found || !t.parentElement || !shown(t.parentElement)) continue;
+      holder = holder || t.parentElement;
+      found.forEach(c => seen.add(c));
+    }
+    if (!holder) continue;
+    const style = getComputedStyle(holder);
+    glyphs.font = `${style.fontStyle} ${style.fontWeight} 32px ${style.fontFamily}`;
+    glyphs.chars = Array.from(seen).join("");
+  }
+  if (glyphs.chars) {
+    const canvas = document.createElement("canvas");
+    canvas.width = canvas.height = 48;
+    const ctx = canvas.getContext("2d", {willReadFrequently: true});
+    ctx.font = glyphs.font;
+    const draw = ch => {
+      ctx.clearRect(0, 0, 48, 48);
+      ctx.fillText(ch, 4, 38);
+      const px = ctx.getImageData(0, 0, 48, 48).data;
+      return {ink: px.some((v, i) => i % 4 === 3 && v > 0), image: px.join(",")};
+    };
+    const none = draw("\u{10FFFD}");
+    glyphs.missing = Array.from(glyphs.chars).filter(c => {
+      const d = draw(c);
+      return !d.ink || d.image === none.image;
+    }).join("");
+  }
   return {
+    glyphs: glyphs,
+    colab: Array.from(document.querySelectorAll("a[href^='https://colab.research.google.com/github/']"))
+        .map(a => a.getAttribute("href")),
     broken: imgs.filter(i => shown(i) && i.naturalWidth === 0).map(i => i.getAttribute("src")),
     hrefs: Array.from(document.querySelectorAll("a[href]")).map(a => a.getAttribute("href")),
     outputs: outputs.filter(o => o.textContent.trim() || o.querySelector("img")).length,
@@ -178,14 +233,24 @@ def _name(path: Path) -> str:
 
 
 def check(site: Path = OUT / "site", *, root: Path = ROOT, shots: Path | None = OUT / "shots",
-          search: str = SEARCH_WORD, chromium: str = CHROMIUM) -> list[str]:
-    """Every problem found on every page, as 'page: problem' lines (none: the book is good)."""
+          search: str | None = SEARCH_WORD, chromium: str = CHROMIUM,
+          only: list[str] | None = None) -> list[str]:
+    """Every problem found on every page, as 'page: problem' lines (none: the book is good).
+
+    ``only`` opens those pages alone (the tests); ``search=None`` skips the searches.
+    """
     from playwright.sync_api import sync_playwright
 
     site = site.resolve()
     pages = sorted(p.relative_to(site) for p in site.rglob("*.html") if "_static" not in p.parts)
-    notebooks = {Path("notebooks") / (nb.stem + ".html"): nb for nb in course_notebooks(root)}
+    langs = [ENGLISH, *edition_languages(root)]
+    notebooks = {Path(prefix(lang)) / "notebooks" / (nb.stem + ".html"): nb
+                 for lang in langs for nb in edition_notebooks(root, lang)}
     problems = [f"{page}: the notebook has no page in the site" for page in notebooks if page not in pages]
+    problems += [f"{prefix(lang)}index.html: the {lang} edition has no landing page in the site"
+                 for lang in langs if Path(prefix(lang)) / "index.html" not in pages]
+    shown = set(pages) if shots is None else {p for p in pages if language_of(p, langs) == ENGLISH}
+    shown |= {most_cjk(site, [p for p in pages if language_of(p, langs) == lang]) for lang in langs[1:]}
     if shots is not None:
         shots.mkdir(parents=True, exist_ok=True)
         for old in shots.glob("*.png"):
@@ -196,10 +261,12 @@ def check(site: Path = OUT / "site", *, root: Path = ROOT, shots: Path | None = 
             # Playwright gives the browser a new, empty profile (--user-data-dir) of its own.
             browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
             try:
-                for page_path in pages:
+                for page_path in [p for p in pages if only is None or p.as_posix() in only]:
                     problems += [f"{page_path}: {p}" for p in _check_page(
-                        browser, site, base, page_path, notebooks.get(page_path), shots, root)]
-                problems += _check_search(browser, base, search)
+                        browser, site, base, page_path, notebooks.get(page_path),
+                        shots if page_path in shown else None, root, language_of(page_path, langs))]
+                for lang in langs if search else []:
+                    problems += _check_search(browser, base, search, prefix(lang))
             finally:
                 browser.close()
     finally:
@@ -207,8 +274,26 @@ def check(site: Path = OUT / "site", *, root: Path = ROOT, shots: Path | None = 
     return problems
 
 
+def prefix(lang: str) -> str:
+    """Where a language's pages are in the site: '' for English, 'ko/' for Korean."""
+    return "" if lang == ENGLISH else f"{lang}/"
+
+
+def language_of(page: Path, langs: list[str]) -> str:
+    return page.parts[0] if len(page.parts) > 1 and page.parts[0] in langs else ENGLISH
+
+
+def most_cjk(site: Path, pages: list[Path]) -> Path | None:
+    """The page with the most Korean, Japanese or Chinese text in its article (its translation)."""
+    def count(page: Path) -> int:
+        text = (site / page).read_text(encoding="utf-8")
+        start = text.find('<article class="bd-article"')
+        return len(CJK.findall(text[start:])) if start >= 0 else 0
+    return max(pages, key=lambda p: (count(p), p.name == "index.html"), default=None)
+
+
 def _check_page(browser, site: Path, base: str, page_path: Path, notebook: Path | None,
-                shots: Path | None, root: Path) -> list[str]:
+                shots: Path | None, root: Path, lang: str = ENGLISH) -> list[str]:
     problems: list[str] = []
     url = urljoin(base, page_path.as_posix())
     page = browser.new_page(viewport=DESKTOP, service_workers="block")  # a first visit: no storage
@@ -231,7 +316,7 @@ def _check_page(browser, site: Path, base: str, page_path: Path, notebook: Path 
         for label, viewport in (("desktop", DESKTOP), ("phone", PHONE)):
             page.set_viewport_size(viewport)
             page.goto(url, wait_until="load")
-            facts = page.evaluate(PAGE_FACTS)
+            facts = page.evaluate(PAGE_FACTS, CJK_RANGES)
             if facts["typeset"] < facts["math"]:
                 problems.append(f"math not typeset at {label} width: {facts['typeset']} of {facts['math']}")
             for src in facts["broken"]:
@@ -244,8 +329,17 @@ def _check_page(browser, site: Path, base: str, page_path: Path, notebook: Path 
         problems += link_problems(site, base, url, facts["hrefs"])
         for match in sorted(set(MACHINE_TEXT.findall(facts["text"]))):
             problems.append(f"visible text shows {match!r} (a machine path or a sanitizer placeholder)")
-        if page_path == Path("index.html"):
-            problems += _check_nav(facts["nav"], root)
+        if page_path == Path(prefix(lang)) / "index.html":
+            problems += _check_nav(facts["nav"], root, lang)
+        glyphs = facts["glyphs"]
+        if glyphs["missing"]:
+            problems.append(f"{len(glyphs['missing'])} of {len(glyphs['chars'])} Korean, Japanese or "
+                            f"Chinese characters are drawn as empty boxes, no font has them "
+                            f"({glyphs['missing'][:12]} in {glyphs['font']}): install Debian's "
+                            f"{FONT_PACKAGE} (make book-browser does, as root)")
+        if lang != ENGLISH:
+            problems += [f"a Colab link opens {href}, not a notebook of notebooks/{lang}/"
+                         for href in sorted(set(facts["colab"])) if f"/notebooks/{lang}/" not in href]
         if notebook is not None:
             cells, images = stored_outputs(notebook)
             if facts["outputs"] < cells or facts["figures"] < images:
@@ -256,9 +350,9 @@ def _check_page(browser, site: Path, base: str, page_path: Path, notebook: Path 
     return problems
 
 
-def _check_nav(nav: list[str], root: Path) -> list[str]:
-    """The landing page's navigation lists every notebook on disk, in course order."""
-    want = [f"notebooks/{nb.stem}.html" for nb in course_notebooks(root)]
+def _check_nav(nav: list[str], root: Path, lang: str = ENGLISH) -> list[str]:
+    """The landing page's navigation lists every notebook of its language on disk, in course order."""
+    want = [f"notebooks/{nb.stem}.html" for nb in edition_notebooks(root, lang)]
     listed = [href for href in nav if href in want]
     missing = [href for href in want if href not in listed]
     problems = [f"the navigation does not list {href}" for href in missing]
@@ -267,14 +361,14 @@ def _check_nav(nav: list[str], root: Path) -> list[str]:
     return problems
 
 
-def _check_search(browser, base: str, word: str) -> list[str]:
+def _check_search(browser, base: str, word: str, where: str = "") -> list[str]:
     page = browser.new_page()
     try:
-        page.goto(urljoin(base, f"search.html?q={word}"), wait_until="load")
+        page.goto(urljoin(base, f"{where}search.html?q={word}"), wait_until="load")
         try:
             page.wait_for_selector("#search-results li", timeout=15_000)
         except Exception:
-            return [f"search.html: searching for {word!r} finds nothing"]
+            return [f"{where}search.html: searching for {word!r} finds nothing"]
         return []
     finally:
         page.context.close()
@@ -301,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     pages = len([p for p in args.site.rglob("*.html") if "_static" not in p.parts])
     verdict = f"{len(problems)} problem(s)" if problems else "no problems"
     saved = f"; screenshots in {shots}" if shots else ""
-    print(f"book-check: {pages} pages at {DESKTOP['width']} and {PHONE['width']} px, {verdict} "
+    langs = ", ".join([ENGLISH, *edition_languages(ROOT)])
+    print(f"book-check: {pages} pages ({langs}) at {DESKTOP['width']} and {PHONE['width']} px, {verdict} "
           f"({time.perf_counter() - start:.0f} s){saved}")
     return 1 if problems else 0
 

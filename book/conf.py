@@ -2,8 +2,9 @@
 
 Sphinx reads a staged copy of the sources (``_book/src``, written by build.py): the README as the
 landing page, the References section as its own page, notebooks NN_*.ipynb with their stored
-outputs (never executed), and the instructor guide. Everything a page needs is served from the
-site itself: no CDN, MathJax included.
+outputs (never executed), and the instructor guide; and, one Sphinx run each, the translated
+editions (build.py sets language, course_language and the edition's notebooks folder).
+Everything a page needs is served from the site itself: no CDN, MathJax included.
 """
 
 import sys
@@ -32,12 +33,15 @@ nb_execution_mode = "off"
 nb_merge_streams = True
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence"]
 myst_heading_anchors = 3
+# book:<page>.html links another language's page (build.py writes them; course_book resolves them).
+myst_url_schemes = ["http", "https", "mailto", "ftp", "book"]
 # Every warning fails the build (build.py runs Sphinx with -W), but one: the exercises are level-4
 # headings straight under a level-2 section on purpose (small, and out of the page's contents).
 suppress_warnings = ["myst.header"]
 
 html_theme = "sphinx_book_theme"
 html_title = project
+templates_path = ["templates"]  # layout.html: the language switcher (course_book)
 html_static_path = ["static"]
 html_css_files = ["course-book.css"]
 html_js_files = ["course-book.js"]
