@@ -93,8 +93,9 @@ NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 _TOPICS = {"single_gpu": "one device", "data_parallel": "nn.DataParallel",
            "data_parallel_by_hand": "DataParallel by hand", "output_device_and_memory": "memory per device",
            "distributed_data_parallel": "DistributedDataParallel", "mixed_precision": "mixed precision",
-           "choosing_a_strategy": "choosing a strategy", "fault_tolerance_and_multi_node": "faults and nodes",
-           "sharded_data_parallel": "sharded data parallel", "debugging_distributed": "debugging"}
+           "fault_tolerance_and_multi_node": "faults and nodes",
+           "sharded_data_parallel": "sharded data parallel", "choosing_a_strategy": "choosing a strategy",
+           "debugging_distributed": "debugging"}
 
 
 def course_notebooks(folder: str | os.PathLike | None = None) -> list[str]:
