@@ -50,7 +50,9 @@ __all__ = [
     "evaluate_everywhere",
     "evaluation_set",
     "exact_accuracy",
+    "example_flight_records",
     "first_disagreement",
+    "first_mismatch_of",
     "flight_table",
     "hang_limit",
     "out_of_order_as_on_nccl",
@@ -270,16 +272,54 @@ def flight_table(records: dict[int, dict], last: int = 4) -> list[str]:
             for row in [header, *cells]]
 
 
+def _disagreement(records: dict[int, dict]) -> tuple[tuple[str, int], dict[int, str]] | None:
+    """The first (group, sequence number) whose entries differ between the ranks, with what each
+    rank ran there (operation and sizes; ``None`` where a rank has no entry)."""
+    for key, entries in _by_collective(records).items():
+        seen = {r: repr((e["profiling_name"], e["input_sizes"])) if (e := entries.get(r)) else None
+                for r in sorted(records)}
+        if len(set(seen.values())) > 1:
+            return key, seen
+    return None
+
+
 def first_disagreement(records: dict[int, dict]) -> str | None:
     """The first collective that the ranks' dumps disagree on (what they ran, or with which sizes),
     or where a rank has no entry; ``None`` when every rank ran the same collectives."""
-    for (group, seq), entries in _by_collective(records).items():
-        seen = {r: (e["profiling_name"], e["input_sizes"]) if (e := entries.get(r)) else None
-                for r in sorted(records)}
-        if len(set(map(repr, seen.values()))) > 1:
-            return f"group {group}, collective #{seq}: " + "; ".join(
-                f"rank {r} ran {_describe(entries.get(r))}" for r in seen)
-    return None
+    found = _disagreement(records)
+    if found is None:
+        return None
+    (group, seq), seen = found
+    entries = _by_collective(records)[group, seq]
+    return f"group {group}, collective #{seq}: " + "; ".join(
+        f"rank {r} ran {_describe(entries.get(r))}" for r in seen)
+
+
+def first_mismatch_of(records: dict[int, dict]) -> tuple[int, int] | None:
+    """Where the dumps first disagree, as (the collective's number in its group, the rank whose
+    entry there differs from every other rank's): the answer exercise 10.12 asks for."""
+    found = _disagreement(records)
+    if found is None:
+        return None
+    (_, seq), seen = found
+    values = list(seen.values())
+    return seq, next(r for r, v in seen.items() if values.count(v) == 1)
+
+
+def example_flight_records() -> dict[int, dict]:
+    """The Flight Recorder entries of a 3-rank NCCL job that hung, in the format of the dumps above
+    (only the fields :func:`flight_table` reads): exercise 10.12 asks where they first disagree.
+
+    After two matched gradient all-reduces, ranks 0 and 2 all-reduce the loss for the log (one
+    value); rank 1 skipped that and all-reduces the next step's gradient. Under NCCL no rank stops
+    there: each queues its next collective, and nothing completes from then on."""
+    grads, loss = [[1024]], [[1]]
+    runs = {0: [grads, grads, loss, grads], 1: [grads, grads, grads, loss], 2: [grads, grads, loss, grads]}
+    return {rank: {"entries": [{"process_group": ("0", "default_pg"), "collective_seq_id": seq,
+                                "profiling_name": "nccl:all_reduce", "input_sizes": sizes,
+                                "retired": seq <= 2}
+                               for seq, sizes in enumerate(sizes_run, start=1)]}
+            for rank, sizes_run in runs.items()}
 
 
 def analyze_flight_records(records: dict[int, dict]) -> list[str]:

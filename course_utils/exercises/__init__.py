@@ -1,4 +1,5 @@
-"""Exercises that check themselves (every notebook from 01 on ends its sections with them).
+"""Exercises that check themselves (every notebook from 01 on ends its sections with them; notebook
+00 asks one warm-up prediction).
 
 A notebook asks a question in a markdown cell, gives an answer cell to fill in (tagged
 ``answer:KEY``) and a check cell::

@@ -39,11 +39,6 @@ _RESULTS: dict[str, Verdict] = {}
 #: the launch timeout) and what a judge computes from the course alone (``untimed``) do not count.
 TIME_LIMIT_S = 5.0
 
-#: Banks whose owners have yet to say what each exercise teaches (issue 27); the loader requires
-#: ``teaches`` of every other bank. Remove a bank from here once its .toml has the field.
-_TEACHES_PENDING = frozenset({"course_utils.exercises.nb08", "course_utils.exercises.nb10"})
-
-
 @dataclass(frozen=True)
 class Exercise:
     """One exercise: the answer cell as shipped, its reference solution, and how it is judged.
@@ -179,7 +174,7 @@ def load_bank(module_name: str) -> list[Exercise]:
         entry["wrong"] = tuple((w["source"], w["hint"]) for w in entry.get("wrong", ()))
         entry["also_right"] = tuple(a["source"] for a in entry.get("also_right", ()))
         teaches = entry.get("teaches")
-        if module_name not in _TEACHES_PENDING and not (isinstance(teaches, str) and teaches.strip()):
+        if not (isinstance(teaches, str) and teaches.strip()):
             raise ValueError(f"{path.name}: exercise {entry.get('key')} does not say what it teaches: "
                              f"give it a one-sentence `teaches`")
         exercises.append(Exercise(**entry))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from ..compat import COLLECTIVE_NAMES
+from ..sharding import logged_collectives
+from ..zero import CommLog
 from .core import hint_from_ranks, load_bank
 
 __all__ = ["EXERCISES"]
@@ -29,7 +32,12 @@ def _judge_zero2_bytes(answer: Any) -> str | None:
     if abs(answer - (2 * _PSI + 10 * _PSI / _N)) < 0.01 * _PSI or abs(answer - (4 * _PSI + 12 * _PSI)) < _PSI:
         return ("count K = 12 bytes of Adam state per parameter in mixed precision: an fp32 master "
                 "copy and two fp32 moments")
-    return "add three terms per rank: fp16 parameters (all), fp16 gradients (a shard), Adam state (a shard)"
+    if abs(answer - 14 * _PSI / _N) < 0.01 * _PSI:
+        return "the parameters are missing: in stage 2 every rank still holds all the fp16 parameters"
+    if abs(answer * 10**9 - right) <= 0.005 * right:
+        return "that is in GB (10^9 bytes): the question asks for bytes"
+    return ("list the kinds of model state mixed-precision Adam keeps per parameter, and for each ask "
+            "whether stage 2 keeps it whole on every rank or splits it over the N ranks")
 
 
 def zero1_step_rank(rank: int, world_size: int, answer: Any) -> str | None:
@@ -49,8 +57,10 @@ def zero1_step_rank(rank: int, world_size: int, answer: Any) -> str | None:
     flat_param = start.clone()
     shard = torch.nn.Parameter(flat_param[8 * rank:8 * (rank + 1)].clone())
     optimizer = torch.optim.AdamW([shard], lr=0.1)
+    log = CommLog()
     try:
-        answer(flat_param, grads[rank].clone(), shard, optimizer)
+        with logged_collectives(log):  # what the answer hands to the collectives
+            answer(flat_param, grads[rank].clone(), shard, optimizer)
     except AttributeError as err:  # a collective's name from another torch release
         names = [n for pair in COLLECTIVE_NAMES.items() for n in pair if f"'{n}'" in str(err)]
         if not names:
@@ -66,10 +76,18 @@ def zero1_step_rank(rank: int, world_size: int, answer: Any) -> str | None:
         return "shard.grad is the sum over the ranks: DDP averages, so divide by the world size"
     if not torch.allclose(shard.grad, reference.grad[mine]):
         return "shard.grad is not this rank's slice of the averaged gradient: reduce-scatter flat_grad"
+    if not torch.allclose(shard.detach(), reference.detach()[mine]):
+        return ("shard.grad is right, but the shard was not stepped with it: the optimizer updates a "
+                "parameter with the gradient it holds when step() runs, and before that it held none")
     if not torch.allclose(flat_param[mine], reference.detach()[mine]):
         return "this rank's slice of flat_param was not updated: gather the stepped shards back into it"
     if not torch.allclose(flat_param, reference.detach()):
         return "the other ranks' slices of flat_param are stale: all-gather the updated shards into it"
+    if log.calls["all_reduce"] or log.calls["broadcast"]:
+        return ("the numbers are right, but a whole tensor went to every rank where ZeRO moves slices: "
+                "with a reduce-scatter each rank receives only the summed slice it steps, and an "
+                "all-gather brings back each rank's stepped shard; all-reducing everything and keeping "
+                "a slice sends more bytes for nothing")
     return None
 
 
@@ -90,11 +108,19 @@ def clip_rank(rank: int, world_size: int, answer: Any) -> str | None:
     got = answer(shards, 1.0)
     got = float(got)
     if abs(got - total.item()) > 1e-4 * total.item():
-        local = torch.sqrt(sum(s.square().sum() for s in [t.chunk(world_size)[rank] for t in full])).item()
+        norms = [torch.sqrt(sum(t.chunk(world_size)[r].square().sum() for t in full)).item()
+                 for r in range(world_size)]  # each rank's shards alone
+        local, local_max = norms[rank], max(norms)
         if abs(got - local) < 1e-4 * local:
             return "that is the norm of this rank's shards only: the other ranks hold the rest"
-        return ("norms do not add up across ranks: sum the squares over the ranks (an all-reduce), "
-                "then take the square root")
+        if abs(got - local_max) < 1e-4 * local_max:
+            return ("that is the largest shard's norm: the whole gradient's norm is larger than every "
+                    "shard's, as it holds all of them")
+        if abs(got * math.sqrt(world_size) - total.item()) < 1e-4 * total.item():
+            return ("that is the norm of the mean of the squares: the whole gradient's sum of squares "
+                    "counts every rank's shards once, it is not averaged over the ranks")
+        return ("norms do not add up across ranks: a norm is the square root of a sum of squares; "
+                "which part of that can be added up across the ranks?")
     scale = 1.0 / (total.item() + 1e-6)
     for s, t in zip(shards, full, strict=True):
         if not torch.allclose(s, t.chunk(world_size)[rank] * scale, rtol=1e-4, atol=1e-7):

@@ -30,38 +30,23 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in b)
 
 
-# ----------------------------------------------------------------------------- 10.1 set_epoch
-
-def _judge_set_epoch(epoch_orders: Any) -> str | None:
-    from torch.utils.data.distributed import DistributedSampler
-
-    from course_utils.debugging import sampler_orders
-
-    expected = sampler_orders(0, 2, 12, 3, set_epoch=True)  # the zoo's fixed loop, shown above
-    sampler = DistributedSampler(range(12), num_replicas=2, rank=0, shuffle=True, seed=0)
-    got = [list(order) for order in epoch_orders(sampler, 3)]
-    if got == expected:
-        return None
-    if len(got) == 3 and got[0] == got[1] == got[2]:
-        return ("every epoch reads the same order: the sampler reshuffles only when it is told "
-                "which epoch this is, a different number each epoch")
-    if len(got) == 3 and got[0] == got[1]:
-        return "epochs 0 and 1 read the same order: tell the sampler the epoch before reading it"
-    return f"the orders differ from the sampler's own shuffles: {got}"
-
-
-# ----------------------------------------------------------------------------- 10.2 evaluation
+# ----------------------------------------------------------------------------- 10.1 evaluation
 
 def _judge_evaluation(evaluate_and_report: Any) -> str | None:
     results, hint = run_ranks(evaluate_and_report, 2)
     if hint:
         return hint + ". Evaluation that all-reduces is a collective: every rank must run it"
-    if results[0] is None or abs(results[0] - 0.6) > 1e-6:
-        return f"rank 0 should return the accuracy over the whole set (it returned {results[0]!r})"
+    if results[0] is None:
+        return "rank 0 should return the accuracy over the whole set (it returned None)"
+    if abs(results[0] - 0.6) > 1e-6:
+        return (f"rank 0 returned {results[0]!r}, not the accuracy over the whole set: each rank must "
+                "evaluate its own shard, so that together they cover every row")
+    if any(r is not None for r in results[1:]):
+        return "only rank 0 reports the number: the other ranks take part in the evaluation and return None"
     return None
 
 
-# ----------------------------------------------------------------------------- 10.3 exact shards
+# ----------------------------------------------------------------------------- 10.2 exact shards
 
 def _judge_shards(shard: Any) -> str | None:
     for n in (10, 7, 12, 3, 1):
@@ -81,7 +66,7 @@ def _judge_shards(shard: Any) -> str | None:
     return None
 
 
-# ----------------------------------------------------------------------------- 10.4 order
+# ----------------------------------------------------------------------------- 10.3 order
 
 def _judge_order(sync_step: Any) -> str | None:
     results, hint = run_ranks(sync_step, 2)
@@ -95,7 +80,7 @@ def _judge_order(sync_step: Any) -> str | None:
     return None
 
 
-# ----------------------------------------------------------------------------- 10.5 Join
+# ----------------------------------------------------------------------------- 10.4 Join
 
 def _judge_join(train_my_shard: Any) -> str | None:
     from course_utils.debug_training import uneven_reference
@@ -113,26 +98,76 @@ def _judge_join(train_my_shard: Any) -> str | None:
             "keep every batch (Join) or drop only the batches that not every rank has")
 
 
-# ----------------------------------------------------------------------------- 10.6 accumulation
+# ----------------------------------------------------------------------------- 10.5 accumulation
+
+def accumulation_rank(rank: int, world_size: int, step: Any, k: int, micro: int, steps: int) -> dict:
+    """One rank of exercise 10.5's check: ``train_accumulating`` with the answer as its step, counting
+    the rounds of DDP's all-reduce and noting a ``zero_grad`` between two backward passes of a step."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    from course_utils.debug_training import train_accumulating
+
+    rounds: list[int] = []  # one entry per all-reduce of the first bucket: one per synced backward
+    cleared_between = []  # steps in which zero_grad ran between two backward passes
+
+    def counting_hook(state, bucket):  # unannotated: DDP refuses a bucket annotated other than GradBucket
+        if bucket.index() == 0:
+            rounds.append(1)
+        return allreduce_hook(None, bucket)  # DDP's own averaging all-reduce, in Python
+
+    def watched(ddp_model: Any, optimizer: Any, micro_batches: list) -> None:
+        if not hasattr(optimizer, "_course_events"):  # the first step: install the watchers
+            optimizer._course_events = []
+            ddp_model.register_comm_hook(None, counting_hook)
+            first = next(ddp_model.module.parameters())
+            first.register_hook(lambda grad: optimizer._course_events.append("backward"))
+            zero_grad = optimizer.zero_grad
+
+            def noted_zero_grad(*args: Any, **kwargs: Any) -> Any:
+                optimizer._course_events.append("zero_grad")
+                return zero_grad(*args, **kwargs)
+            optimizer.zero_grad = noted_zero_grad
+        events = optimizer._course_events
+        events.clear()
+        step(ddp_model, optimizer, micro_batches)
+        backward = [i for i, e in enumerate(events) if e == "backward"]
+        if any(e == "zero_grad" and backward and backward[0] < i < backward[-1]
+               for i, e in enumerate(events)):
+            cleared_between.append(True)
+
+    weights = train_accumulating(rank, world_size, watched, k, micro, steps)
+    return {"weights": weights, "rounds": len(rounds), "cleared_between": bool(cleared_between)}
+
 
 def _judge_accumulation(accumulation_step: Any) -> str | None:
-    from course_utils.debug_training import accumulation_reference, train_accumulating
+    from course_utils.debug_training import accumulation_reference
 
     k, micro, steps = 4, 3, 2
-    results, hint = run_ranks(train_accumulating, 2, accumulation_step, k, micro, steps)
+    results, hint = run_ranks(accumulation_rank, 2, accumulation_step, k, micro, steps)
     if hint:
         return hint
-    if _max_diff(results[0], results[1]) > 1e-7:
+    if any(r["cleared_between"] for r in results):
+        return ("optimizer.zero_grad() ran between two micro-batches of one step: it throws away what "
+                "the micro-batches before it accumulated; clear the gradients once per optimizer step")
+    weights = [r["weights"] for r in results]
+    if _max_diff(weights[0], weights[1]) > 1e-7:
         return ("the ranks ended with different weights: their gradients were not all-reduced "
                 "after the last micro-batch (only the backward that syncs is averaged)")
-    if _max_diff(results[0], accumulation_reference(2, k, micro, steps)) > 1e-5:
+    if _max_diff(weights[0], accumulation_reference(2, k, micro, steps)) > 1e-5:
         return ("the ranks agree, but moved further than one big batch would: each micro-batch's "
                 "loss is a mean over its rows, so the k accumulated gradients add up to k times "
                 "the mean")
+    if results[0]["rounds"] >= k * steps:
+        return ("the weights are right, but every micro-batch's backward all-reduced the gradients: "
+                "accumulating is there to save those all-reduces, so only the last backward of a step "
+                "should synchronise")
+    if results[0]["rounds"] > steps:
+        return ("the weights are right, but more than one backward per optimizer step all-reduced the "
+                "gradients: only the last one needs to")
     return None
 
 
-# ----------------------------------------------------------------------------- 10.7 no gradient
+# ----------------------------------------------------------------------------- 10.6 no gradient
 
 def _judge_no_grad(params_without_grad: Any) -> str | None:
     import torch
@@ -151,10 +186,11 @@ def _judge_no_grad(params_without_grad: Any) -> str | None:
         return "every parameter is listed: no gradient exists until backward has run"
     if got == sorted(set(everything) - set(expected)):
         return "those are the parameters that did get a gradient; list the others"
-    return f"expected the names of the parameters whose .grad is still None after backward, got {got}"
+    return (f"got {got}: list the parameters that backward did not reach (forward never used them); "
+            "every parameter here requires a gradient")
 
 
-# ----------------------------------------------------------------------------- 10.8 seeds
+# ----------------------------------------------------------------------------- 10.7 seeds
 
 def _judge_still_differ(still_differ: Any) -> str | None:
     if not isinstance(still_differ, (set, frozenset, list, tuple)):
@@ -166,33 +202,83 @@ def _judge_still_differ(still_differ: Any) -> str | None:
     if "weights" in got:
         return "DDP's constructor broadcasts rank 0's parameters and buffers: the weights agree after it"
     if got != {"dropout mask", "data order"}:
-        return ("DDP copies tensors, not random generators: whatever a rank draws afterwards "
-                "(masks, shuffles) still comes from its own seed")
+        return ("DDP copies tensors, not random generators: of the three, which are drawn at random on "
+                "each rank after the model is wrapped?")
     return None
 
 
-# ----------------------------------------------------------------------------- 10.9 prefixes
+# ----------------------------------------------------------------------------- 10.8 saving
 
-def _judge_clean_keys(clean_state_dict: Any) -> str | None:
-    saved = {"module._orig_mod.body.weight": 1, "_orig_mod.submodule.weight": 2,
-             "module.submodule.bias": 3, "head.weight": 4, "_orig_mod.module.tail.bias": 5}
-    expected = {"body.weight": 1, "submodule.weight": 2, "submodule.bias": 3, "head.weight": 4,
-                "tail.bias": 5}
-    got = clean_state_dict(dict(saved))
-    if got == expected:
-        return None
-    keys = list(got) if isinstance(got, dict) else []
-    if "module.tail.bias" in keys:
-        return ("torch.compile(DDP(model)) saves '_orig_mod.module.': the prefixes nest in the order "
-                "of the wrapping, so remove them until none is left, whichever comes first")
-    if any("_orig_mod." in key for key in keys):
-        return "torch.compile's wrapper adds '_orig_mod.' as well, alone or after DDP's 'module.'"
-    if any(key.startswith("sub") and not key.startswith("submodule.") for key in keys):
-        return "a layer named 'submodule' lost part of its name: remove a prefix only at the start of a key"
-    return f"expected the keys {sorted(expected)}, got {sorted(keys)}"
+SAVE_S = 1.0  # how long rank 0 takes to write the checkpoint in the check (a big one takes a while)
 
 
-# ----------------------------------------------------------------------------- 10.10 ports
+def save_and_load_rank(rank: int, world_size: int, save_and_load: Any, path: str) -> dict:
+    """One rank of exercise 10.8's check: a model seeded with the rank, and a slow ``torch.save``."""
+    import time
+
+    import torch
+
+    writers = []
+    real_save = torch.save
+
+    def slow_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        writers.append(rank)
+        if rank == 0:
+            time.sleep(SAVE_S)
+        return real_save(obj, f, *args, **kwargs)
+
+    torch.save = slow_save
+    try:
+        torch.manual_seed(rank)
+        got = save_and_load(torch.nn.Linear(3, 2), path)
+    finally:
+        torch.save = real_save
+    weights = {k: v.detach().cpu().clone() for k, v in got.items()} if isinstance(got, dict) else None
+    return {"wrote": bool(writers), "weights": weights}
+
+
+def _seeded_weights(seed: int) -> dict:
+    import torch
+
+    torch.manual_seed(seed)
+    return {k: v.detach().clone() for k, v in torch.nn.Linear(3, 2).state_dict().items()}
+
+
+def _judge_save_and_load(save_and_load: Any) -> str | None:
+    import os
+    import tempfile
+
+    import torch
+
+    def same(a: dict | None, b: dict) -> bool:
+        return a is not None and sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in b)
+
+    with tempfile.TemporaryDirectory(prefix="course-checkpoint-") as folder:
+        path = os.path.join(folder, "model.pt")
+        torch.save(_seeded_weights(99), path)  # last run's checkpoint, still there
+        results, hint = run_ranks(save_and_load_rank, 2, save_and_load, path)
+    if hint:
+        return hint + ". A barrier waits until every rank has reached it: every rank must call it"
+    if any(r["wrote"] for r in results[1:]):
+        return ("only rank 0 writes the checkpoint: ranks that write one file at once can leave it torn, "
+                "and every copy but one is wasted")
+    saved, stale = _seeded_weights(0), _seeded_weights(99)
+    for rank, result in enumerate(results):
+        if result["weights"] is None:
+            return f"return the weights read from the file, a state_dict (rank {rank} returned another thing)"
+        if same(result["weights"], stale):
+            return (f"rank {rank} read the file before rank 0 had written it, and got last run's "
+                    "checkpoint, which was still there: no rank may read until rank 0 has finished "
+                    "writing (a sleep only guesses how long that takes)")
+        if not same(result["weights"], saved):
+            if same(result["weights"], _seeded_weights(rank)):
+                return (f"rank {rank} returned its own weights: every rank must return what rank 0 "
+                        "saved, read back from the checkpoint")
+            return f"rank {rank} did not return the weights rank 0 saved"
+    return None
+
+
+# ----------------------------------------------------------------------------- 10.9 ports
 
 def _judge_store(start_store: Any) -> str | None:
     try:
@@ -204,6 +290,9 @@ def _judge_store(start_store: Any) -> str | None:
                     "one an interrupted cell left running): let the operating system pick a free "
                     "port (port 0)")
         raise
+    if not (hasattr(first, "port") and hasattr(second, "port")):
+        return ("start_store must return a working store every time, also when something holds a "
+                f"port: it returned {type(first).__name__} and {type(second).__name__}")
     if first.port == 0 or second.port == 0 or first.port == second.port:
         return f"the stores should listen on two different real ports, got {first.port} and {second.port}"
     second.set("key", "value")
@@ -213,7 +302,7 @@ def _judge_store(start_store: Any) -> str | None:
     return None
 
 
-# ----------------------------------------------------------------------------- 10.11 CUDA and fork
+# ----------------------------------------------------------------------------- 10.10 CUDA and fork
 
 def _judge_start_methods(safe_after_cuda: Any) -> str | None:
     if not isinstance(safe_after_cuda, (set, frozenset, list, tuple)):
@@ -224,22 +313,58 @@ def _judge_start_methods(safe_after_cuda: Any) -> str | None:
     if "fork" in got:
         return ("a forked child is a copy of this process, CUDA state included, which it cannot "
                 "use: that is 'Cannot re-initialize CUDA in forked subprocess'")
+    if "spawn" not in got:
+        return ("a start method is safe when the child does not copy this process: one of them "
+                "starts from a fresh interpreter")
     if got != {"spawn", "forkserver"}:
-        return ("a start method is safe when the child does not copy this process: which methods "
-                "start from a fresh interpreter, or from a clean one started early?")
+        return ("a start method is safe when the child does not copy this process: besides a fresh "
+                "interpreter, a child can come from a clean process started before CUDA was touched")
     return None
 
 
-# ----------------------------------------------------------------------------- 10.12 compression
+# ----------------------------------------------------------------------------- 10.11 compression
 
 def _judge_ratio(fp16_bytes_ratio: Any) -> str | None:
     if isinstance(fp16_bytes_ratio, bool) or not isinstance(fp16_bytes_ratio, (int, float)):
         return "answer with a number: bytes per step with the fp16 hook / bytes with plain fp32"
     if abs(fp16_bytes_ratio - 0.5) < 1e-9:
         return None
+    if abs(fp16_bytes_ratio - 2.0) < 1e-9:
+        return "that ratio is upside down: bytes with the fp16 hook over bytes with plain fp32"
+    if abs(fp16_bytes_ratio - 50) < 1e-9:
+        return "answer with a fraction, not a percentage"
     if abs(fp16_bytes_ratio - 1.0) < 1e-9:
         return "the hook casts each bucket before the all-reduce: fewer bytes travel"
     return "count the bytes of one gradient value: float32 has 4, float16 has 2"
+
+
+
+# ----------------------------------------------------------------------------- 10.12 Flight Recorder
+
+def _judge_first_mismatch(first_mismatch: Any) -> str | None:
+    from course_utils.debugging import example_flight_records, first_mismatch_of
+
+    if not (isinstance(first_mismatch, (tuple, list)) and len(first_mismatch) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in first_mismatch)):
+        return "write a pair of whole numbers: (the collective's number in the group, a rank)"
+    records = example_flight_records()
+    seq, rank = first_mismatch
+    right_seq, right_rank = first_mismatch_of(records)
+    numbers = sorted({e["collective_seq_id"] for r in records.values() for e in r["entries"]})
+    if seq not in numbers:
+        return f"the dumps hold the group's collectives numbered {numbers}: name one of them"
+    if rank not in records:
+        return f"the job has ranks 0 to {max(records)}: name one of them"
+    if seq < right_seq:
+        return ("at that collective every rank ran the same operation with the same sizes, and it "
+                "finished everywhere: look further down")
+    if seq > right_seq:
+        return ("the ranks disagree there too, but an earlier collective already did: a hang begins at "
+                "the first disagreement, and what follows only queued behind it")
+    if rank != right_rank:
+        return ("the right collective: at it two ranks ran the same thing and one did not; the "
+                "operation's name is the same on all three, so read the sizes")
+    return None
 
 
 EXERCISES = load_bank(__name__)
