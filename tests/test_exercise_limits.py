@@ -80,7 +80,7 @@ def test_a_check_stops_an_answer_that_loops_forever(ex, monkeypatch):
         answer = _namespace(ex, _looping_function(ex))
     result, seconds = _timed_verdict(short, answer, monkeypatch)
     if "_RanksNotWanted" in result.hint:
-        pytest.skip("the answer runs on ranks, which have the launch timeout")
+        pytest.skip("the answer runs on ranks, stopped by the launch timeout (make stress proves it)")
     assert result.status == "not yet", str(result)
     assert core._LAST.used < SHORT_S + MARGIN_S, (core._LAST.used, str(result))
     assert seconds < 20, "imports and the course's own reference computations (untimed) took this long"
@@ -195,3 +195,39 @@ def test_in_a_jupyter_kernel_the_alarm_stops_the_answer(tmp_path):
     assert float(seconds) < SHORT_S + MARGIN_S and used_alarm == "True", nb.cells[2].outputs
     assert hint.startswith("the check stopped")
     assert "(implement): right" in nb.cells[3].outputs[0]["text"]
+
+
+#: the launch limit the stress test below gives the ranks (the judges' own are 15-60 s)
+RANK_LIMIT_S = 6.0
+
+
+@pytest.mark.stress
+def test_a_check_on_ranks_comes_back_when_the_answer_loops_forever(monkeypatch):
+    """The checks the test above skips run the answer on ranks, where the launch's timeout stops
+    it. Each runs here for real, the launch's limit cut to RANK_LIMIT_S (the mechanism is the same
+    for any limit): it must come back "not yet", with a hint, soon after that limit."""
+    real_launch = course_utils.distributed.launch
+    on_ranks, slow, wrong = [], [], []
+    for ex in ALL:
+        if ex.kind == "predict":
+            continue
+        answer = _namespace(ex, _looping_function(ex))
+        result, _ = _timed_verdict(dataclasses.replace(ex, time_limit=SHORT_S), answer, monkeypatch)
+        if "_RanksNotWanted" not in result.hint:
+            continue  # a local check: the test above proves it
+        on_ranks.append(ex.key)
+
+        def short_launch(*args, **kwargs):
+            kwargs["timeout_s"] = min(kwargs.get("timeout_s") or RANK_LIMIT_S, RANK_LIMIT_S)
+            return real_launch(*args, **kwargs)
+
+        monkeypatch.setattr(course_utils.distributed, "launch", short_launch)
+        start = time.monotonic()
+        result = verdict(ex, answer)
+        seconds = time.monotonic() - start
+        if result.status != "not yet" or not result.hint:
+            wrong.append(f"{ex.key}: {result}")
+        if seconds > RANK_LIMIT_S + 20:  # + starting the ranks on a busy machine, and the hint
+            slow.append(f"{ex.key}: {seconds:.0f} s")
+    assert on_ranks, "no check runs on ranks: the test above skips none, so this one proves nothing"
+    assert not wrong and not slow, (wrong, slow)
