@@ -48,9 +48,11 @@ def machine_description() -> str:
 
 
 def _mlp(width: int) -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                         nn.Linear(width, width), nn.ReLU(), nn.Linear(width, _CLASSES))
+    from .models import seeded
+
+    return seeded(0, lambda: nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width),
+                                           nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                                           nn.Linear(width, _CLASSES)))
 
 
 def _peak_rss_mb() -> float:
@@ -102,13 +104,12 @@ def _harness_rank(rank: int, world_size: int, strategy: str, width: int, global_
     """One process of ``measure_strategies``: build, warm up, time ``steps`` steps, where
     ``rank_device()`` says (under NCCL DataParallel uses GPUs ``0..devices-1``, else simulated ones)."""
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .amp import grad_scaler, train_step
     from .by_hand import DataParallelByHand
-    from .devices import rank_device
+    from .devices import rank_device, wrap_ddp
     from .parallel_criterion import DataParallelCriterion, DataParallelModel
-    from .sharding import model_state_bytes, shard_layers
+    from .sharded_runs import model_state_bytes, shard_layers
     from .simulated import sim_devices
 
     device = rank_device()
@@ -124,7 +125,7 @@ def _harness_rank(rank: int, world_size: int, strategy: str, width: int, global_
         model = DataParallelModel(model, ids)
         loss_fn = DataParallelCriterion(nn.CrossEntropyLoss(), ids)
     elif strategy.startswith(("ddp", "zero1")):
-        model = DDP(model, device_ids=[rank] if on_gpu else None)
+        model = wrap_ddp(model, device)
         if strategy.endswith("_amp"):
             amp = "fp16" if on_gpu else "bf16"
     elif strategy.startswith("fsdp"):
@@ -293,8 +294,9 @@ def _dp_overhead(width: int, rows: int, repeats: int) -> tuple[float, float]:
     from .simulated import sim_devices
 
     model = _mlp(width)
-    x = torch.randn(rows, width)
-    y = torch.randint(0, _CLASSES, (rows,))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, width, generator=g)
+    y = torch.randint(0, _CLASSES, (rows,), generator=g)
     loss_fn = nn.CrossEntropyLoss()
     plain, emulated = [], []
     for i in range(repeats + 1):

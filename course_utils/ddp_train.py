@@ -28,9 +28,10 @@ from torch.utils.data.distributed import DistributedSampler
 from ._checks import check_number, check_positive_int
 from .amp import AMP_MODES, grad_scaler, train_step
 from .data import regression_dataset
-from .devices import choose_backend, rank_device
+from .devices import choose_backend, rank_device, wrap_ddp
 from .distributed import rank_print
-from .snapshots import SkipFirst, load_snapshot, save_snapshot, state_copy
+from .models import seeded
+from .snapshots import ResumableSampler, load_snapshot, save_snapshot, state_copy
 from .torchrun import init_from_torchrun
 
 __all__ = [
@@ -94,13 +95,11 @@ def make_dataset(config: TrainConfig) -> Dataset:
 
 def make_model(config: TrainConfig) -> nn.Module:
     """The same initial weights in every process: they come from ``config.seed``."""
-    with torch.random.fork_rng(devices=[]):  # seeded here, the caller's random state untouched
-        torch.manual_seed(config.seed)
-        return nn.Sequential(
-            nn.Linear(config.input_size, config.hidden_size),
-            nn.ReLU(),
-            nn.Linear(config.hidden_size, config.output_size),
-        )
+    return seeded(config.seed, lambda: nn.Sequential(
+        nn.Linear(config.input_size, config.hidden_size),
+        nn.ReLU(),
+        nn.Linear(config.hidden_size, config.output_size),
+    ))
 
 
 def _check_snapshot_args(snapshot, snapshot_every, before_step) -> None:
@@ -137,8 +136,6 @@ class Job:
 
 def build_job(rank: int, world_size: int, config: TrainConfig) -> Job:
     """Every rank builds the same model from the same seed, and a loader over its shard of the data."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     device = rank_device()  # the CPU under gloo, cuda:LOCAL_RANK under NCCL
     dataset = make_dataset(config)
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
@@ -147,7 +144,7 @@ def build_job(rank: int, world_size: int, config: TrainConfig) -> Job:
     loader = DataLoader(dataset, batch_size=config.per_rank_batch_size(world_size), sampler=sampler,
                         generator=torch.Generator().manual_seed(config.seed))
     model = make_model(config).to(device)
-    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    ddp_model = wrap_ddp(model, device)  # on a GPU, DDP is told which one
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=config.lr, momentum=config.momentum)
     scaler = grad_scaler(config.amp, device.type)  # scales only for fp16
     return Job(device, sampler, loader, model, ddp_model, optimizer, scaler, nn.MSELoss())
@@ -199,7 +196,7 @@ def train_resumable(rank: int, world_size: int, config: TrainConfig = TrainConfi
     job = build_job(rank, world_size, config)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     per_rank = job.loader.batch_size
-    resumable = SkipFirst(job.sampler)  # a resumed epoch starts at the batch where it stopped
+    resumable = ResumableSampler(job.sampler)  # a resumed epoch starts at the batch where it stopped
     loader = DataLoader(job.loader.dataset, batch_size=per_rank, sampler=resumable,
                         generator=job.loader.generator)
     if callable(getattr(before_step, "check", None)):  # a fault that could never fire is refused

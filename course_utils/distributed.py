@@ -3,7 +3,7 @@
 ``launch(fn, world_size, *args)`` starts ``world_size`` fresh Python processes, sets up a process
 group in each (gloo on the CPU, NCCL when every rank can have its own GPU), runs
 ``fn(rank, world_size, *args)`` and returns the ranks' return values in rank order. With
-``init=False`` it sets up no group: each rank gets torchrun's environment (``RANK``,
+``init="none"`` it sets up no group: each rank gets torchrun's environment (``RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``...) and ``fn`` calls ``init_process_group``
 itself, as the PyTorch DDP tutorial's ``demo_basic`` and every torchrun script do.
 
@@ -55,12 +55,14 @@ from ._checks import check_positive_int, check_seconds
 from .devices import choose_backend
 from .launcher import rank as _rank
 from .launcher.forkserver import Forked, RankProcess, forkserver_context, use_forkserver
+from .launcher.pickling import serialise_call
 from .launcher.processes import RankHandle, RankResult, stacks_of, stop
-from .launcher.shipping import serialise_call
 
 __all__ = ["LaunchTimeout", "RankError", "free_port", "launch", "rank_print"]
 
 #: how long the parent's TCPStore waits for a rank's connection
+#: How ``launch``'s ranks meet: its own store, ``env://``, ``tcp://``, or no group (``fn`` makes one).
+INITS = ("store", "env", "tcp", "none")
 STORE_TIMEOUT_S = 30.0
 #: extra time a rank's process group gets beyond the launch's own limit, so the launch times out first
 GROUP_GRACE_S = 30.0
@@ -138,7 +140,7 @@ def launch(
     *args: Any,
     timeout_s: float = 120.0,
     backend: str | None = None,
-    init: str | bool = "store",
+    init: str = "store",
     threads_per_rank: int = 1,
     echo: bool = True,
     start: str = "auto",
@@ -154,7 +156,7 @@ def launch(
     ``backend``: ``"gloo"`` or ``"nccl"``; by default NCCL when every rank can have its own GPU,
     else gloo. ``init`` is how the ranks meet: ``"store"`` (a TCPStore held by this process; the
     robust default), ``"env"`` (``env://`` with ``MASTER_ADDR``/``MASTER_PORT``, as torchrun does),
-    ``"tcp"`` (``tcp://127.0.0.1:PORT``, as in the Korean article), or ``False``: no group; ``fn`` calls
+    ``"tcp"`` (``tcp://127.0.0.1:PORT``, as in the Korean article), or ``"none"``: no group; ``fn`` calls
     ``init_process_group`` itself, from torchrun's environment (``RANK``, ``LOCAL_RANK``,
     ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and a free ``MASTER_PORT``)
     or from its own address and port; a group it leaves open is destroyed after it returns. Each
@@ -171,9 +173,9 @@ def launch(
     world_size = check_positive_int("world_size", world_size)
     threads_per_rank = check_positive_int("threads_per_rank", threads_per_rank)
     timeout_s = check_seconds("timeout_s", timeout_s)
-    if not (init is False or (isinstance(init, str) and init in ("store", "env", "tcp"))):
-        raise ValueError(f"init must be 'store', 'env', 'tcp' or False (fn creates its own "
-                         f"process group), got {init!r}")
+    if not (isinstance(init, str) and init in INITS):
+        raise ValueError(f"init must be one of {', '.join(map(repr, INITS))} ('none': fn sets up its "
+                         f"own process group), got {init!r}")
     if not isinstance(stacks, bool):
         raise TypeError(f"stacks must be True or False, got {stacks!r}")
     backend = choose_backend(world_size) if backend is None else backend

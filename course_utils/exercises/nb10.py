@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..debugging import HANG_FRESH_S
+from ..hangs import HANG_FRESH_S
 from .core import load_bank, run_on_ranks
 
 __all__ = ["EXERCISES"]
 
 HANG_S = 4.0  # a rank function that has not finished by then is stuck
 # HANG_FRESH_S where a GPU is visible: launch then starts ranks as fresh interpreters (CUDA and
-# fork do not mix), which import torch first; the notebook's own allowance, measured (debugging)
+# fork do not mix), which import torch first; the notebook's own allowance, measured (hangs)
 
 
 def run_ranks(fn: Any, world_size: int, *args: Any) -> tuple[list | None, str | None]:
@@ -35,7 +35,7 @@ def _max_diff(a: dict, b: dict) -> float:
 def _judge_set_epoch(epoch_orders: Any) -> str | None:
     from torch.utils.data.distributed import DistributedSampler
 
-    from course_utils.debugging import sampler_orders
+    from course_utils.failure_zoo import sampler_orders
 
     expected = sampler_orders(0, 2, 12, 3, set_epoch=True)  # the zoo's fixed loop, shown above
     sampler = DistributedSampler(range(12), num_replicas=2, rank=0, shuffle=True, seed=0)
@@ -98,7 +98,7 @@ def _judge_order(sync_step: Any) -> str | None:
 # ----------------------------------------------------------------------------- 10.5 Join
 
 def _judge_join(train_my_shard: Any) -> str | None:
-    from course_utils.debug_training import uneven_reference
+    from course_utils.training_bugs import uneven_reference
 
     results, hint = run_ranks(train_my_shard, 2)
     if hint:
@@ -116,7 +116,7 @@ def _judge_join(train_my_shard: Any) -> str | None:
 # ----------------------------------------------------------------------------- 10.6 accumulation
 
 def _judge_accumulation(accumulation_step: Any) -> str | None:
-    from course_utils.debug_training import accumulation_reference, train_accumulating
+    from course_utils.training_bugs import accumulation_reference, train_accumulating
 
     k, micro, steps = 4, 3, 2
     results, hint = run_ranks(train_accumulating, 2, accumulation_step, k, micro, steps)

@@ -10,6 +10,6 @@ Learners never import these modules: the names notebooks use (``launch``, ``Rank
 - ``forkserver``: fast starts: ranks forked from a clean server that imported torch once, and the
   fallback to fresh interpreters;
 - ``processes``: results, stopping a rank and its children, the stacks of stuck ranks;
-- ``shipping``: what travels to a rank (by reference or by value, with cloudpickle), and a clear
+- ``pickling``: what travels to a rank (by reference or by value, with cloudpickle), and a clear
   error for what cannot.
 """
