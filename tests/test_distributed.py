@@ -375,8 +375,8 @@ def test_rank_zero_saves_and_everyone_reads(tmp_path):
 def test_the_rank_blamed_is_the_cause_not_a_peer_that_lost_it():
     """A rank that raises may tear its group down before its own error is written; the peers
     waiting for it then fail first, with a transport error. The launch still blames the cause."""
-    from course_utils.distributed import _cause
     from course_utils.launcher.processes import RankResult
+    from course_utils.launcher.waiting import _cause
 
     closed = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4321"
     echo = RankResult(ok=False, finished_at=1.0, exc_type="RuntimeError", message=closed)
