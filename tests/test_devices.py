@@ -250,7 +250,7 @@ CASES = {
 EXEMPT = {
     "fault_demos.die_while_saving": "kills itself with SIGKILL mid-save by design; it calls no "
                                     "module and no collective, so it has no device to get wrong",
-    "ddp_train.build_job": "train_ddp and train_resumable build their job with it (audited above)",
+    "ddp_job.build_job": "train_ddp and train_resumable build their job with it (audited above)",
     "sharded_runs.dcp_load_rank": "needs the checkpoint that sharded_runs.api_rank writes (audited above); "
                                   "tests/test_sharding.py runs the two in turn",
     "failure_zoo.rendezvous_at": "makes its own process group (launch(init='none')) and computes "
