@@ -27,8 +27,9 @@ from .strategy_harness import (
     strategy_placement,
 )
 
+# main, and the harness's names, re-exported: notebook 09 imports them from here
 __all__ = ["SIZES", "STRATEGIES", "devices_needed", "machine_description", "main", "measure_loader",
-           "measure_strategies", "strategy_placement"]  # the harness's, re-exported: notebook 09 imports them here
+           "measure_strategies", "strategy_placement"]
 
 
 def _ring_rank(rank: int, world_size: int, sizes_mb: Sequence[int], repeats: int) -> dict:
