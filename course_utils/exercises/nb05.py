@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from .core import load_bank, run_on_ranks
+from .core import load_bank
+from .on_ranks import run_on_ranks
 
 __all__ = ["EXERCISES"]
 

@@ -7,7 +7,8 @@ from typing import Any
 import torch
 
 from ..compat import COLLECTIVE_NAMES
-from .core import hint_from_ranks, load_bank
+from .core import load_bank
+from .on_ranks import hint_from_ranks
 
 __all__ = ["EXERCISES"]
 

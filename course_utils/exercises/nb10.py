@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..hangs import HANG_FRESH_S
-from .core import load_bank, run_on_ranks
+from .core import load_bank
+from .on_ranks import run_on_ranks
 
 __all__ = ["EXERCISES"]
 
