@@ -109,7 +109,7 @@ def build_job(rank: int, world_size: int, config: TrainConfig) -> Job:
     loader = DataLoader(dataset, batch_size=config.per_rank_batch_size(world_size), sampler=sampler,
                         generator=torch.Generator().manual_seed(config.seed))
     model = make_model(config).to(device)
-    ddp_model = wrap_ddp(model, device)  # on a GPU, DDP is told which one
+    ddp_model = wrap_ddp(model, device)  # DistributedDataParallel(model), told the GPU if on one
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=config.lr, momentum=config.momentum)
     scaler = grad_scaler(config.amp, device.type)  # scales only for fp16
     return Job(device, sampler, loader, model, ddp_model, optimizer, scaler, nn.MSELoss())
