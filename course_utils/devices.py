@@ -38,6 +38,7 @@ __all__ = [
     "init_kwargs",
     "local_rank",
     "rank_device",
+    "wrap_ddp",
 ]
 
 #: Set to ``gloo`` or ``nccl`` to override :func:`choose_backend` (the launchers set it).
@@ -112,6 +113,15 @@ def rank_device() -> torch.device:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return device
+
+
+def wrap_ddp(model: torch.nn.Module, device: torch.device, **options: Any) -> torch.nn.Module:
+    """``DistributedDataParallel(model, **options)`` for a model on ``device`` (notebook 05): on a GPU
+    DDP is told which one (``device_ids=[device.index]``, the GPU ``rank_device`` chose, which need
+    not be ``cuda:rank``); on the CPU it is told none."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **options)
 
 
 def emulated_node_env(node: int, nnodes: int, nproc_per_node: int, *,

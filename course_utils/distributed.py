@@ -3,7 +3,7 @@
 ``launch(fn, world_size, *args)`` starts ``world_size`` fresh Python processes, sets up a process
 group in each (gloo on the CPU, NCCL when every rank can have its own GPU), runs
 ``fn(rank, world_size, *args)`` and returns the ranks' return values in rank order. With
-``init=False`` it sets up no group: each rank gets torchrun's environment (``RANK``,
+``init="none"`` it sets up no group: each rank gets torchrun's environment (``RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``...) and ``fn`` calls ``init_process_group``
 itself, as the PyTorch DDP tutorial's ``demo_basic`` and every torchrun script do.
 
@@ -40,13 +40,11 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
-import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,60 +53,18 @@ from ._checks import check_positive_int, check_seconds
 from .devices import choose_backend
 from .launcher import rank as _rank
 from .launcher.forkserver import Forked, RankProcess, forkserver_context, use_forkserver
-from .launcher.processes import RankHandle, RankResult, stacks_of, stop
-from .launcher.shipping import serialise_call
+from .launcher.pickling import serialise_call
+from .launcher.processes import RankHandle, stop
+from .launcher.waiting import LaunchTimeout, RankError, wait_for
 
 __all__ = ["LaunchTimeout", "RankError", "free_port", "launch", "rank_print"]
 
+#: How ``launch``'s ranks meet: its own store, ``env://``, ``tcp://``, or no group (``fn`` makes one).
+INITS = ("store", "env", "tcp", "none")
 #: how long the parent's TCPStore waits for a rank's connection
 STORE_TIMEOUT_S = 30.0
 #: extra time a rank's process group gets beyond the launch's own limit, so the launch times out first
 GROUP_GRACE_S = 30.0
-#: after a rank failed, how long to wait for the other ranks' evidence before blaming the first
-EVIDENCE_S = 0.5
-#: how long to wait for the cause when every failure so far is a peer's echo (see _PEER_FAILED)
-ECHO_WAIT_S = 5.0
-#: how a collective fails in a rank whose peer failed first: an echo of the cause, not the cause
-#: (a rank that raised may clean up, e.g. destroy its group, before its own error is recorded)
-_PEER_FAILED = re.compile(r"gloo/transport|Connection (?:closed|reset) by peer|Broken pipe|"
-                          r"remote process exited|communicator was aborted", re.IGNORECASE)
-#: after every rank returned, how long their processes get to exit by themselves
-EXIT_GRACE_S = 10.0
-#: how often the launcher polls the ranks
-POLL_S = 0.02
-
-
-
-class RankError(RuntimeError):
-    """A rank raised. ``rank``, ``exc_type``, ``rank_traceback`` and ``output`` say what happened."""
-
-    def __init__(self, rank: int, exc_type: str, message: str, rank_traceback: str,
-                 output: list[str]) -> None:
-        self.rank = rank
-        self.exc_type = exc_type
-        self.message = message
-        self.rank_traceback = rank_traceback
-        self.output = output
-        tail = "\n".join(output[-20:]) or "(nothing)"
-        super().__init__(
-            f"rank {rank} raised {exc_type}: {message}\n\n"
-            f"--- traceback of rank {rank} ---\n{rank_traceback.rstrip()}\n"
-            f"--- last output of rank {rank} ---\n{tail}"
-        )
-
-
-class LaunchTimeout(TimeoutError):
-    """The ranks did not all finish within the launch's ``timeout_s``; they were stopped.
-
-    ``stacks`` maps each stuck rank to the lines of its Python stack at the timeout (most recent
-    call last), when ``launch(..., stacks=True)`` could get them; it is empty otherwise.
-    """
-
-    def __init__(self, message: str, stacks: dict[int, list[str]] | None = None) -> None:
-        super().__init__(message)
-        self.stacks = stacks or {}
-
-
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now (for ``tcp://`` and ``env://`` demos)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -138,7 +94,7 @@ def launch(
     *args: Any,
     timeout_s: float = 120.0,
     backend: str | None = None,
-    init: str | bool = "store",
+    init: str = "store",
     threads_per_rank: int = 1,
     echo: bool = True,
     start: str = "auto",
@@ -154,7 +110,7 @@ def launch(
     ``backend``: ``"gloo"`` or ``"nccl"``; by default NCCL when every rank can have its own GPU,
     else gloo. ``init`` is how the ranks meet: ``"store"`` (a TCPStore held by this process; the
     robust default), ``"env"`` (``env://`` with ``MASTER_ADDR``/``MASTER_PORT``, as torchrun does),
-    ``"tcp"`` (``tcp://127.0.0.1:PORT``, as in the Korean article), or ``False``: no group; ``fn`` calls
+    ``"tcp"`` (``tcp://127.0.0.1:PORT``, as in the Korean article), or ``"none"``: no group; ``fn`` calls
     ``init_process_group`` itself, from torchrun's environment (``RANK``, ``LOCAL_RANK``,
     ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and a free ``MASTER_PORT``)
     or from its own address and port; a group it leaves open is destroyed after it returns. Each
@@ -171,9 +127,9 @@ def launch(
     world_size = check_positive_int("world_size", world_size)
     threads_per_rank = check_positive_int("threads_per_rank", threads_per_rank)
     timeout_s = check_seconds("timeout_s", timeout_s)
-    if not (init is False or (isinstance(init, str) and init in ("store", "env", "tcp"))):
-        raise ValueError(f"init must be 'store', 'env', 'tcp' or False (fn creates its own "
-                         f"process group), got {init!r}")
+    if not (isinstance(init, str) and init in INITS):
+        raise ValueError(f"init must be one of {', '.join(map(repr, INITS))} ('none': fn sets up its "
+                         f"own process group), got {init!r}")
     if not isinstance(stacks, bool):
         raise TypeError(f"stacks must be True or False, got {stacks!r}")
     backend = choose_backend(world_size) if backend is None else backend
@@ -220,7 +176,7 @@ def launch(
                         start_new_session=True,
                     )
             ranks.append(RankHandle(rank, process, log, result))
-        return _wait(ranks, timeout_s, echo, stacks)
+        return wait_for(ranks, timeout_s, echo, stacks)
     finally:
         stop(ranks)
         for r in ranks:
@@ -228,85 +184,3 @@ def launch(
                 r.process.close()
         del store
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _is_echo(result: RankResult) -> bool:
-    return _PEER_FAILED.search(result.message or "") is not None
-
-
-def _cause(results: dict[int, RankResult]) -> int:
-    """The rank to blame: the earliest failure that is not a peer's echo, else the earliest."""
-    errors = sorted((res.finished_at, rank) for rank, res in results.items() if not res.ok)
-    own = [(at, rank) for at, rank in errors if not _is_echo(results[rank])]
-    return (own or errors)[0][1]
-
-
-def _wait(ranks: list[RankHandle], timeout_s: float, echo: bool, stacks: bool) -> list[Any]:
-    deadline = time.monotonic() + timeout_s
-    results: dict[int, RankResult] = {}
-    exited_at: dict[int, float] = {}
-    trouble_since: float | None = None
-    while True:
-        for r in ranks:
-            if r.rank not in exited_at and r.process.poll() is not None:
-                exited_at[r.rank] = time.time()
-            if r.rank not in results:
-                found = r.read_result()  # read after the exit check: a result precedes the exit
-                if found is not None:
-                    results[r.rank] = found
-        # A rank that exited without writing a result died (killed, crashed, os._exit); a rank
-        # that raised wrote an error. Either makes its peers fail soon after ("Connection reset
-        # by peer"), so wait a moment for the evidence, then blame the first cause.
-        died = [r for r in ranks if r.rank in exited_at and r.rank not in results]
-        errors = [(res.finished_at, rank) for rank, res in results.items() if not res.ok]
-        if died or errors:
-            now = time.monotonic()
-            trouble_since = trouble_since or now
-            echoes_only = not died and all(_is_echo(results[rank]) for _, rank in errors)
-            wait = ECHO_WAIT_S if echoes_only else EVIDENCE_S
-            if now - trouble_since < wait and len(exited_at) < len(ranks):
-                time.sleep(POLL_S)
-                continue
-            stop(ranks)
-            if died:
-                first = min(died, key=lambda r: exited_at[r.rank])
-                code = first.process.returncode
-                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                raise RankError(first.rank, "ProcessDied", f"the process {how} before returning",
-                                "(no Python traceback: the process itself ended)",
-                                first.output(keep_logs=True))
-            rank = _cause(results)
-            res = results[rank]
-            raise RankError(rank, res.exc_type, res.message, res.traceback,
-                            ranks[rank].output(keep_logs=True))
-        if len(results) == len(ranks):
-            if len(exited_at) == len(ranks):
-                break
-            # every rank has returned; give the processes a moment to exit, then stop them
-            trouble_since = trouble_since or time.monotonic()
-            if time.monotonic() - trouble_since > EXIT_GRACE_S:
-                break
-        if time.monotonic() > deadline:
-            done = sorted(results)
-            stuck = [r for r in ranks if r.rank not in results]
-            where = stacks_of(stuck) if stacks else {}
-            reports = []
-            for r in stuck:
-                if r.rank in where:
-                    reports.append(f"--- where rank {r.rank} was (most recent call last) ---\n"
-                                   + ("\n".join(where[r.rank]) or "(no Python frame)"))
-                reports.append(f"--- last output of rank {r.rank} ---\n"
-                               + ("\n".join(r.output(keep_logs=True)[-10:]) or "(nothing)"))
-            stop(ranks)
-            raise LaunchTimeout(
-                f"the ranks did not finish within {timeout_s:g} s: rank(s) "
-                f"{[r.rank for r in stuck]} were still running (finished: {done or 'none'}). All "
-                f"ranks were stopped. A rank that waits in a collective its peers never call "
-                f"blocks forever; check that every rank makes the same collective calls in the "
-                f"same order.\n" + "\n".join(reports), where)
-        time.sleep(POLL_S)
-    if echo:
-        for r in ranks:
-            for line in r.output():
-                print(f"[rank {r.rank}] {line}")
-    return [results[r.rank].value for r in ranks]

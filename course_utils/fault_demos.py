@@ -25,7 +25,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 from ._checks import check_positive_int
 from .data import regression_dataset
-from .snapshots import SkipFirst, load_snapshot, save_snapshot, state_copy
+from .models import seeded
+from .snapshots import ResumableSampler, load_snapshot, save_snapshot, state_copy
 
 __all__ = ["PARTS", "KillAt", "demo_model", "die_while_saving", "kill_myself", "train_in_process"]
 
@@ -38,9 +39,7 @@ _SAMPLES = 48  # 6 steps per epoch
 
 def demo_model() -> nn.Module:
     """The demos' model: a small MLP with dropout, with the same initial weights every time."""
-    with torch.random.fork_rng(devices=[]):  # seeded here, the caller's random state untouched
-        torch.manual_seed(0)
-        return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 2))
+    return seeded(0, lambda: nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 2)))
 
 
 def train_in_process(
@@ -62,7 +61,7 @@ def train_in_process(
     torch.manual_seed(1234)  # the job's random numbers (dropout) start from a fixed state
     dataset = regression_dataset(_SAMPLES, 8, 2, seed=0)[0]
     sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=0)
-    resumable = SkipFirst(sampler)
+    resumable = ResumableSampler(sampler)
     # The loader's own generator: otherwise every new epoch's iterator draws a seed from the
     # global generator, and a resumed run (which starts one more iterator) would drift.
     loader = DataLoader(dataset, batch_size=_BATCH, sampler=resumable,

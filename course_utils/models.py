@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from ._checks import check_positive_int
 
-__all__ = ["BertLike", "ImageClassifier", "Model", "SequenceGRU", "SmallCNN"]
+__all__ = ["BertLike", "ImageClassifier", "Model", "SequenceGRU", "SmallCNN", "seeded"]
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def seeded(seed: int, build: Callable[[], M]) -> M:
+    """``build()`` with its initial weights drawn from ``seed`` (notebook 05): every process that
+    calls it with the same seed gets the same model. The caller's random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
 
 
 class Model(nn.Module):

@@ -7,8 +7,8 @@ go to a temporary file in the same folder, are flushed to disk, and only then re
 old snapshot, so a process killed in the middle of a save leaves the previous snapshot intact.
 Every rank reads it.
 
-``SkipFirst`` wraps a sampler so that a resumed epoch starts at the batch it stopped at, without
-loading the samples it skips.
+``ResumableSampler`` wraps a sampler so that a resumed epoch starts at the batch it stopped at,
+without loading the samples it skips.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from torch.utils.data import Sampler
 
 from ._checks import check_int
 
-__all__ = ["SkipFirst", "SnapshotInfo", "load_snapshot", "save_snapshot", "state_copy", "strip_module_prefix"]
+__all__ = ["ResumableSampler", "SnapshotInfo", "load_snapshot", "save_snapshot", "state_copy",
+           "strip_module_prefix"]
 
 FORMAT = "course_utils.snapshot/1"
 
@@ -44,7 +45,7 @@ class SnapshotInfo:
     extra: dict
 
 
-class SkipFirst(Sampler):
+class ResumableSampler(Sampler):
     """Yield ``sampler``'s indices from position ``skip`` on (set ``skip`` before each epoch)."""
 
     def __init__(self, sampler: Sampler, skip: int = 0) -> None:

@@ -27,8 +27,6 @@ from course_utils import (
     compat_check,
     data,
     ddp_train,
-    debug_training,
-    debugging,
     devices,
     diagrams,
     distributed,
@@ -36,6 +34,7 @@ from course_utils import (
     env,
     exercises,
     gpu_check,
+    hangs,
     memory,
     models,
     parallel_criterion,
@@ -45,6 +44,7 @@ from course_utils import (
     snapshots,
     splits,
     torchrun,
+    training_bugs,
     zero,
 )
 from course_utils.exercises import edition
@@ -82,8 +82,8 @@ ENTRY_POINTS = (
     "splits.split_sizes", "splits.epoch_splits", "splits.simulate_tutorial", "splits.plot_epoch_splits",
     "torchrun.torchrun", "torchrun.torchrun_nodes", "torchrun.init_from_torchrun",
     "zero.ZeroByHand",
-    "debugging.where_stuck",
-    "debug_training.uneven_batches",
+    "hangs.where_stuck",
+    "training_bugs.uneven_batches",
 )
 
 CASES = [
@@ -176,7 +176,7 @@ CASES = [
     ('distributed.launch timeout', lambda: distributed.launch(distributed.rank_print, 1, timeout_s=-1),
      ValueError, 'timeout_s must be a number of seconds > 0'),
     ('distributed.launch init', lambda: distributed.launch(distributed.rank_print, 1, init=True),
-     ValueError, "init must be 'store', 'env', 'tcp' or False"),
+     ValueError, "init must be one of 'store', 'env', 'tcp', 'none'"),
     ('distributed.launch stacks', lambda: distributed.launch(distributed.rank_print, 1, stacks="on"),
      TypeError, 'stacks must be True or False'),
     ('distributed.launch args', lambda: distributed.launch(distributed.rank_print, 1, (x for x in "ab")),
@@ -297,13 +297,13 @@ CASES = [
      ValueError, "notebook must be a number such as '05'"),
     ('show.show', lambda: show.show(3),
      TypeError, "obj must be a function, method, class or module, got int"),
-    ('debugging.where_stuck stacks', lambda: debugging.where_stuck(["  File x"]),
+    ('hangs.where_stuck stacks', lambda: hangs.where_stuck(["  File x"]),
      TypeError, 'stacks must be a dict of rank -> stack lines'),
-    ('debugging.where_stuck last', lambda: debugging.where_stuck({}, last=0),
+    ('hangs.where_stuck last', lambda: hangs.where_stuck({}, last=0),
      ValueError, 'last must be an int >= 1'),
-    ('debug_training.uneven_batches counts', lambda: debug_training.uneven_batches([3, 0], 0),
+    ('training_bugs.uneven_batches counts', lambda: training_bugs.uneven_batches([3, 0], 0),
      ValueError, 'batches_per_rank must be a non-empty list of ints >= 1'),
-    ('debug_training.uneven_batches rank', lambda: debug_training.uneven_batches([3, 2], 2),
+    ('training_bugs.uneven_batches rank', lambda: training_bugs.uneven_batches([3, 2], 2),
      ValueError, 'rank must be an int in [0, 2)'),
 ]
 

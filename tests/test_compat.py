@@ -153,15 +153,15 @@ def test_without_a_dump_function_there_is_no_dump(monkeypatch):
     for name in compat.FLIGHT_RECORDER_DUMPS:
         monkeypatch.delattr(c10d, name, raising=False)
     assert compat.flight_recorder_dump_name() is None and compat.dump_flight_recorder() is None
-    from course_utils import debugging
-    assert debugging.flight_table({}) == ["(no Flight Recorder dump: this torch cannot take one)"]
+    from course_utils import flight_recorder
+    assert flight_recorder.flight_table({}) == ["(no Flight Recorder dump: this torch cannot take one)"]
 
 
 def test_an_analyzer_that_refuses_gloo_is_reported_not_raised(monkeypatch):
     """Torch 2.11's analyzer stops at gloo's entries; the course says so instead."""
     from torch.distributed.flight_recorder.components import types
 
-    from course_utils import debugging
+    from course_utils import flight_recorder
 
     assert compat.analyzer_reads_gloo() == (compat.torch_release() >= (2, 13))  # 2.11's refuses them
     original = types.Op.__init__
@@ -174,6 +174,6 @@ def test_an_analyzer_that_refuses_gloo_is_reported_not_raised(monkeypatch):
     monkeypatch.setattr(types.Op, "__init__", as_in_2_11)
     assert not compat.analyzer_reads_gloo()
     records = {0: {"version": "2.10", "pg_config": {}, "entries": [{"profiling_name": "gloo:barrier"}]}}
-    assert debugging.analyze_flight_records(records) == [
+    assert flight_recorder.analyze_flight_records(records) == [
         f"(torch {torch.__version__.split('+')[0]}'s analyzer reads NCCL's dumps, not gloo's; torch "
         "2.13's reads both)"]

@@ -1,3 +1,5 @@
+import importlib
+
 import pytest
 import torch
 
@@ -80,3 +82,44 @@ def test_slow_dataset():
         SlowDataset(4, 0.01, work="gpu")
     with pytest.raises(ValueError, match="seconds"):
         SlowDataset(4, -1)
+
+
+# The course's seeded model factories: each builds under models.seeded, so each gives the same weights
+# every time and leaves the caller's random numbers as they were (four of them used to reseed them).
+FACTORIES = {
+    "ddp_train.make_model": lambda m: m.make_model(m.TrainConfig()),
+    "fault_demos.demo_model": lambda m: m.demo_model(),
+    "strategy_harness.mlp": lambda m: m.mlp(16),
+    "training_bugs.small_model": lambda m: m.small_model(),
+    "sharded_runs.toy_model": lambda m: m.toy_model(),
+    "failure_zoo._classifier": lambda m: m._classifier(),
+}
+
+
+def _build(name):
+    return FACTORIES[name](importlib.import_module(f"course_utils.{name.split('.')[0]}"))
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+def test_seeded_factories_repeat_their_weights_and_leave_the_global_generator_alone(name):
+    torch.manual_seed(1234)
+    expected_next = torch.rand(3)
+    torch.manual_seed(1234)
+    first = _build(name).state_dict()
+    assert torch.equal(torch.rand(3), expected_next), f"{name} drew from or reseeded the global generator"
+    second = _build(name).state_dict()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_seeded_builds_under_its_seed_only():
+    from torch import nn
+
+    from course_utils.models import seeded
+
+    torch.manual_seed(0)
+    reference = nn.Linear(3, 2)
+    torch.manual_seed(99)
+    state = torch.random.get_rng_state()
+    built = seeded(0, lambda: nn.Linear(3, 2))
+    assert torch.equal(built.weight, reference.weight) and torch.equal(built.bias, reference.bias)
+    assert torch.equal(torch.random.get_rng_state(), state)

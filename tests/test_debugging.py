@@ -9,9 +9,9 @@ import socket
 import pytest
 import torch
 
-from course_utils import debug_training, debugging
-from course_utils.debugging import where_stuck
+from course_utils import failure_zoo, flight_recorder, gradient_compression, hangs, training_bugs
 from course_utils.distributed import LaunchTimeout, RankError, launch
+from course_utils.hangs import where_stuck
 
 pytestmark = pytest.mark.usefixtures("nothing_left_behind")
 
@@ -37,8 +37,8 @@ def stuck(fn, *args, world_size=2):
 
 @pytest.mark.parametrize(("world_size", "k"), [(2, 4), (3, 2), (2, 1)])
 def test_no_sync_accumulation_equals_one_big_batch(world_size, k):
-    reference = debug_training.accumulation_reference(world_size, k, 3, 3)
-    ranks = launch(debug_training.train_accumulating, world_size, debug_training.accumulate_step, k, 3, 3,
+    reference = training_bugs.accumulation_reference(world_size, k, 3, 3)
+    ranks = launch(training_bugs.train_accumulating, world_size, training_bugs.accumulate_step, k, 3, 3,
                    echo=False)
     for params in ranks:
         assert_params_equal(params, reference)
@@ -46,8 +46,8 @@ def test_no_sync_accumulation_equals_one_big_batch(world_size, k):
 
 
 def test_off_by_one_accumulation_lets_the_ranks_drift_apart():
-    reference = debug_training.accumulation_reference(2, 4, 3, 3)
-    ranks = launch(debug_training.train_accumulating, 2, debug_training.accumulate_step_off_by_one, 4, 3, 3,
+    reference = training_bugs.accumulation_reference(2, 4, 3, 3)
+    ranks = launch(training_bugs.train_accumulating, 2, training_bugs.accumulate_step_off_by_one, 4, 3, 3,
                    echo=False)
     assert not torch.allclose(ranks[0]["0.weight"], ranks[1]["0.weight"])
     assert not torch.allclose(ranks[0]["0.weight"], reference["0.weight"])
@@ -56,8 +56,8 @@ def test_off_by_one_accumulation_lets_the_ranks_drift_apart():
 @pytest.mark.parametrize("batches", [[3, 2], [1, 4], [2, 2, 5]])
 @pytest.mark.parametrize("mode", ["join", "equal"])
 def test_join_and_equal_shards_equal_their_references(batches, mode):
-    results = launch(debug_training.train_uneven, len(batches), batches, mode, echo=False)
-    reference = debug_training.uneven_reference(batches, mode)
+    results = launch(training_bugs.train_uneven, len(batches), batches, mode, echo=False)
+    reference = training_bugs.uneven_reference(batches, mode)
     expected_steps = batches if mode == "join" else [min(batches)] * len(batches)
     assert [r["steps"] for r in results] == expected_steps
     for result in results:
@@ -66,7 +66,7 @@ def test_join_and_equal_shards_equal_their_references(batches, mode):
 
 def test_join_reference_differs_from_dropping_batches():
     """The Join reference counts the extra batches: it is not the equal-shards one in disguise."""
-    join, equal = (debug_training.uneven_reference([3, 2], mode) for mode in ("join", "equal"))
+    join, equal = (training_bugs.uneven_reference([3, 2], mode) for mode in ("join", "equal"))
     assert not torch.allclose(join["0.weight"], equal["0.weight"])
 
 
@@ -74,27 +74,27 @@ def test_join_reference_differs_from_dropping_batches():
 
 @pytest.mark.stress  # notebook 10 shows the same stuck lines under nbval in make test
 def test_uneven_inputs_without_join_hang_in_backward():
-    err, where = stuck(debug_training.train_uneven, [3, 2], "plain")
+    err, where = stuck(training_bugs.train_uneven, [3, 2], "plain")
     assert list(err.stacks) == [0]  # rank 1 finished its two batches
     assert where[0].startswith("backward -> backward") and "at: F.mse_loss" in where[0]
 
 
 @pytest.mark.stress  # notebook 10 shows the same stuck lines under nbval in make test
 def test_evaluation_on_rank_0_only_hangs_in_all_reduce_and_the_fix_finishes():
-    _, where = stuck(debugging.eval_on_rank_0_only)
+    _, where = stuck(failure_zoo.eval_on_rank_0_only)
     assert where == {0: "eval_on_rank_0_only -> evaluate_everywhere -> all_reduce  at: "
                         "dist.all_reduce(counts)  # every rank must get here"}
-    assert launch(debugging.evaluate_everywhere, 2, echo=False) == pytest.approx([0.6, 0.6])
+    assert launch(failure_zoo.evaluate_everywhere, 2, echo=False) == pytest.approx([0.6, 0.6])
 
 
 @pytest.mark.stress  # notebook 10 shows the same stuck lines under nbval in make test
 def test_collectives_out_of_order_hang_and_detail_names_them():
-    _, where = stuck(debugging.collectives_out_of_order)
+    _, where = stuck(failure_zoo.collectives_out_of_order)
     assert where[0].startswith("collectives_out_of_order -> all_reduce")
     assert where[1].startswith("collectives_out_of_order -> broadcast")
-    found = launch(debugging.collectives_out_of_order, 2, True, timeout_s=20, echo=False)
+    found = launch(failure_zoo.collectives_out_of_order, 2, True, timeout_s=20, echo=False)
     assert found == ["rank 0 runs ALLREDUCE; rank 1 runs BROADCAST"] * 2
-    assert launch(debugging.collectives_in_order, 3, echo=False) == [[3.0, 0.0]] * 3
+    assert launch(failure_zoo.collectives_in_order, 3, echo=False) == [[3.0, 0.0]] * 3
 
 
 def test_where_stuck_keeps_function_names_and_the_waiting_line():
@@ -112,16 +112,16 @@ def test_where_stuck_keeps_function_names_and_the_waiting_line():
 
 def test_set_epoch_changes_the_order_and_forgetting_it_does_not():
     for set_epoch in (False, True):
-        orders = launch(debugging.sampler_orders, 2, 8, 3, set_epoch, echo=False)
+        orders = launch(failure_zoo.sampler_orders, 2, 8, 3, set_epoch, echo=False)
         assert (orders[0][0] == orders[0][1] == orders[0][2]) is not set_epoch
         for epoch in range(3):
             assert sorted(orders[0][epoch] + orders[1][epoch]) == list(range(8))
 
 
 def test_padding_inflates_accuracy_and_the_all_gather_removes_it():
-    truth = launch(debugging.evaluate_everywhere, 1, 10, echo=False)[0]
-    padded = launch(debugging.padded_accuracy, 4, 10, echo=False)
-    exact = launch(debugging.exact_accuracy, 4, 10, echo=False)
+    truth = launch(failure_zoo.evaluate_everywhere, 1, 10, echo=False)[0]
+    padded = launch(failure_zoo.padded_accuracy, 4, 10, echo=False)
+    exact = launch(failure_zoo.exact_accuracy, 4, 10, echo=False)
     assert truth == pytest.approx(0.6)
     assert padded[0]["accuracy"] == pytest.approx(8 / 12)  # rows 0 and 1 (both right) twice
     assert all(r == {"counted": 10, "accuracy": pytest.approx(truth)} for r in exact)
@@ -129,17 +129,17 @@ def test_padding_inflates_accuracy_and_the_all_gather_removes_it():
 
 def test_unused_parameters_fail_named_under_debug_and_train_with_either_fix():
     with pytest.raises(RankError, match="Expected to have finished reduction"):
-        launch(debug_training.train_unused, 2, "plain", echo=False)
+        launch(training_bugs.train_unused, 2, "plain", echo=False)
     with pytest.raises(RankError,
                        match=r"did not receive grad for rank \d: unused_head.bias, unused_head.weight"):
-        launch(debug_training.train_unused, 2, "debug", echo=False)
-    found = launch(debug_training.train_unused, 2, "find_unused", echo=False)
-    static = launch(debug_training.train_unused, 2, "static_graph", echo=False)
+        launch(training_bugs.train_unused, 2, "debug", echo=False)
+    found = launch(training_bugs.train_unused, 2, "find_unused", echo=False)
+    static = launch(training_bugs.train_unused, 2, "static_graph", echo=False)
     assert found == static and len(found[0]) == 3
 
 
 def test_ddp_broadcasts_weights_but_not_random_state():
-    r0, r1 = launch(debug_training.different_seeds, 2, echo=False)
+    r0, r1 = launch(training_bugs.different_seeds, 2, echo=False)
     assert r0["before"] != r1["before"] and r0["after"] == r1["after"] == r0["before"]
     assert r0["data order"] != r1["data order"]
     assert sorted(r0["sampler order"] + r1["sampler order"]) == list(range(8))
@@ -147,9 +147,9 @@ def test_ddp_broadcasts_weights_but_not_random_state():
 
 def test_saving_without_a_barrier_races_and_with_one_loads_everywhere(tmp_path):
     with pytest.raises(RankError) as info:
-        launch(debugging.save_then_load, 2, str(tmp_path / "a.pt"), False, echo=False)
+        launch(failure_zoo.save_then_load, 2, str(tmp_path / "a.pt"), False, echo=False)
     assert (info.value.rank, info.value.exc_type) == (1, "FileNotFoundError")
-    weights = launch(debugging.save_then_load, 2, str(tmp_path / "b.pt"), True, echo=False)
+    weights = launch(failure_zoo.save_then_load, 2, str(tmp_path / "b.pt"), True, echo=False)
     assert weights[0] == weights[1] and len(weights[0]) == 2
 
 
@@ -158,17 +158,17 @@ def test_a_port_in_use_fails_the_rendezvous_and_launch_is_not_affected():
         leftover.bind(("127.0.0.1", 0))
         leftover.listen()
         with pytest.raises(RankError, match="EADDRINUSE") as info:
-            launch(debugging.rendezvous_at, 2, leftover.getsockname()[1], init=False, timeout_s=20,
+            launch(failure_zoo.rendezvous_at, 2, leftover.getsockname()[1], init="none", timeout_s=20,
                    echo=False)
         assert info.value.rank == 0
-        assert launch(debugging.collectives_in_order, 2, echo=False) == [[2.0, 0.0]] * 2
+        assert launch(failure_zoo.collectives_in_order, 2, echo=False) == [[2.0, 0.0]] * 2
 
 
 def test_compression_hooks_halve_the_bytes_and_keep_ranks_identical():
-    runs = {hook: launch(debug_training.train_compressed, 2, hook, 5, echo=False)
+    runs = {hook: launch(gradient_compression.train_compressed, 2, hook, 5, echo=False)
             for hook in ("fp32", "fp16", "bf16")}
     fp32_bytes = runs["fp32"][0]["bytes_per_step"]
-    assert fp32_bytes == 4 * sum(p.numel() for p in debug_training.small_model().parameters())
+    assert fp32_bytes == 4 * sum(p.numel() for p in training_bugs.small_model().parameters())
     for hook in ("fp16", "bf16"):
         assert runs[hook][0]["bytes_per_step"] == fp32_bytes / 2
         for name, value in runs[hook][0]["params"].items():
@@ -179,7 +179,7 @@ def test_compression_hooks_halve_the_bytes_and_keep_ranks_identical():
 
 
 def test_wrapped_keys_nest_in_the_order_of_wrapping_and_get_model_state_dict_drops_them():
-    keys = launch(debug_training.wrapped_keys, 1, echo=False)[0]
+    keys = launch(training_bugs.wrapped_keys, 1, echo=False)[0]
     assert keys["state_dict"] == {
         "model": ["weight", "bias"], "DDP(model)": ["module.weight", "module.bias"],
         "torch.compile(model)": ["_orig_mod.weight", "_orig_mod.bias"],
@@ -199,55 +199,55 @@ def test_run_broken_runs_on_gloo_where_launch_would_pick_nccl(monkeypatch, capsy
     monkeypatch.setattr(distributed, "choose_backend", lambda *args, **kwargs: "nccl")
     # launch's own choice would be NCCL, which binds a GPU this machine lacks
     with pytest.raises(RankError, match="cuda"):
-        launch(debugging.collectives_in_order, 2, timeout_s=20, echo=False, start="forkserver")
+        launch(failure_zoo.collectives_in_order, 2, timeout_s=20, echo=False, start="forkserver")
     backends = []
 
     def spy(*args, **kwargs):
         backends.append(kwargs.get("backend"))
         return launch(*args, **kwargs)
 
-    monkeypatch.setattr(debugging, "launch", spy)
-    hang = debugging.run_broken(debugging.eval_on_rank_0_only)
-    assert backends == ["gloo"] == [debugging.ZOO_BACKEND]
+    monkeypatch.setattr(hangs, "launch", spy)
+    hang = hangs.run_broken(failure_zoo.eval_on_rank_0_only)
+    assert backends == ["gloo"] == [hangs.ZOO_BACKEND]
     assert list(hang.stacks) == [0]  # rank 0 stuck in all_reduce, rank 1 finished
     assert "rank 0 was in eval_on_rank_0_only -> evaluate_everywhere -> all_reduce" in capsys.readouterr().out
-    assert debugging.first_disagreement(hang.flight_records) == (  # rank 1 never called it
+    assert flight_recorder.first_disagreement(hang.flight_records) == (  # rank 1 never called it
         "group 0, collective #1: rank 0 ran gloo:all_reduce [[2]] NOT DONE; rank 1 ran (nothing)")
 
 
 def test_the_hang_limit_is_longer_where_ranks_are_fresh_interpreters(monkeypatch):
-    monkeypatch.setattr(debugging, "cuda_visible", lambda: True)
-    assert debugging.hang_limit() == debugging.HANG_FRESH_S >= 3 * 4.7  # 3x the slowest measured
+    monkeypatch.setattr(hangs, "cuda_visible", lambda: True)
+    assert hangs.hang_limit() == hangs.HANG_FRESH_S >= 3 * 4.7  # 3x the slowest measured
     from course_utils.exercises import nb10
 
-    assert nb10.HANG_FRESH_S == debugging.HANG_FRESH_S  # the judges allow what the notebook does
-    monkeypatch.setattr(debugging, "cuda_visible", lambda: False)
-    assert debugging.hang_limit() == debugging.HANG_S == 2
+    assert nb10.HANG_FRESH_S == hangs.HANG_FRESH_S  # the judges allow what the notebook does
+    monkeypatch.setattr(hangs, "cuda_visible", lambda: False)
+    assert hangs.hang_limit() == hangs.HANG_S == 2
 
 
 def test_a_collective_of_ones_own_inside_join_is_not_shadowed_and_after_the_loop_is_fine():
     with pytest.raises(RankError) as info:
-        launch(debug_training.train_joined_logging, 2, [3, 2], True, timeout_s=HANG_S, echo=False,
+        launch(training_bugs.train_joined_logging, 2, [3, 2], True, timeout_s=HANG_S, echo=False,
                backend="gloo")
     assert info.value.rank == 1 and info.value.exc_type == "ProcessDied"  # gloo aborted it
     assert any("Is there a distributed collective mismatch" in line for line in info.value.output)
-    logged = launch(debug_training.train_joined_logging, 2, [3, 2], False, echo=False)
+    logged = launch(training_bugs.train_joined_logging, 2, [3, 2], False, echo=False)
     assert logged[0] == logged[1] and logged[0]["batches"] == 5
 
 
 def test_ddp_checks_bf16_compress_hook_against_the_build_not_the_backend():
     with pytest.raises(RankError, match="BF16 all reduce communication hook required") as info:
-        launch(debug_training.torch_bf16_hook, 2, "a CPU build", echo=False, backend="gloo")
+        launch(gradient_compression.torch_bf16_hook, 2, "a CPU build", echo=False, backend="gloo")
     assert info.value.exc_type == "TypeError"
-    cuda = launch(debug_training.torch_bf16_hook, 2, "a CUDA build with NCCL 2.21", echo=False,
+    cuda = launch(gradient_compression.torch_bf16_hook, 2, "a CUDA build with NCCL 2.21", echo=False,
                   backend="gloo")
-    ours = launch(debug_training.train_compressed, 2, "bf16", echo=False, backend="gloo")
+    ours = launch(gradient_compression.train_compressed, 2, "bf16", echo=False, backend="gloo")
     for name, value in ours[0]["params"].items():  # the course's hook is PyTorch's, bit for bit
         assert torch.equal(cuda[0]["params"][name], value) and torch.equal(cuda[1]["params"][name], value)
     # and this machine's own build decides for real: refused exactly where torch has no CUDA+NCCL
     refused = torch.version.cuda is None and torch.version.hip is None
     try:
-        launch(debug_training.torch_bf16_hook, 2, None, 2, echo=False, backend="gloo")
+        launch(gradient_compression.torch_bf16_hook, 2, None, 2, echo=False, backend="gloo")
         assert not refused
     except RankError as err:
         assert refused and err.exc_type == "TypeError"
@@ -255,7 +255,7 @@ def test_ddp_checks_bf16_compress_hook_against_the_build_not_the_backend():
 
 def test_built_as_restores_what_it_changed():
     before = (torch.version.cuda, torch.distributed.is_nccl_available())
-    with debug_training.built_as("12.8", (2, 21, 5)):
+    with gradient_compression.built_as("12.8", (2, 21, 5)):
         assert torch.version.cuda == "12.8" and torch.distributed.is_nccl_available()
         assert torch.cuda.nccl.version() == (2, 21, 5)
     assert (torch.version.cuda, torch.distributed.is_nccl_available()) == before
@@ -266,7 +266,7 @@ def test_built_as_restores_what_it_changed():
 @pytest.fixture(scope="module")
 def out_of_order():
     """The out-of-order hang as notebook 10 runs it, with every rank's Flight Recorder dump."""
-    return debugging.run_broken(debugging.collectives_out_of_order)
+    return hangs.run_broken(failure_zoo.collectives_out_of_order)
 
 
 def test_the_flight_recorder_dumps_each_stuck_rank_from_a_thread(out_of_order):
@@ -282,15 +282,15 @@ def test_the_flight_recorder_dumps_each_stuck_rank_from_a_thread(out_of_order):
     # the recorder's thread had ended and its frame is gone when launch took the stacks
     for lines in out_of_order.stacks.values():
         assert "(another thread)" not in lines and not any("_with_flight_recorder" in x for x in lines)
-    assert debugging.where_stuck(out_of_order.stacks)[1].startswith("collectives_out_of_order -> broadcast")
+    assert hangs.where_stuck(out_of_order.stacks)[1].startswith("collectives_out_of_order -> broadcast")
 
 
 def test_the_dumps_side_by_side_show_where_the_ranks_parted(out_of_order):
-    table = debugging.flight_table(out_of_order.flight_records)
+    table = flight_recorder.flight_table(out_of_order.flight_records)
     assert table[1].split() == ["group", "1,", "#1", "gloo:all_reduce", "[[1]]", "done",
                                 "gloo:all_reduce", "[[1]]", "done"]
     assert "gloo:all_reduce [[4]] NOT DONE" in table[2] and "gloo:broadcast [[1]] NOT DONE" in table[2]
-    assert debugging.first_disagreement(out_of_order.flight_records) == (
+    assert flight_recorder.first_disagreement(out_of_order.flight_records) == (
         "group 1, collective #2: rank 0 ran gloo:all_reduce [[4]] NOT DONE; "
         "rank 1 ran gloo:broadcast [[1]] NOT DONE")
 
@@ -298,7 +298,7 @@ def test_the_dumps_side_by_side_show_where_the_ranks_parted(out_of_order):
 def test_torchs_analyzer_names_the_mismatch_and_leaves_no_trace(out_of_order, capfd):
     import gc
 
-    verdicts = debugging.analyze_flight_records(out_of_order.flight_records)
+    verdicts = flight_recorder.analyze_flight_records(out_of_order.flight_records)
     assert verdicts == [
         "collective #2 of group 1 (gloo:all_reduce on ranks [0, 1]): culprit rank 1, Error type: "
         "COLLECTIVE_TYPE_MISMATCH, Expected collective type: 'all_reduce' does not match found "
@@ -311,7 +311,7 @@ def test_the_analyzer_needs_the_groups_gloo_leaves_out_of_its_dumps(out_of_order
     records = {rank: {**record, "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}}}
                for rank, record in out_of_order.flight_records.items()}  # as gloo writes them
     with pytest.raises(KeyError):
-        debugging.analyze_flight_records(records)
+        flight_recorder.analyze_flight_records(records)
 
 
 def _all_reduce_late(rank, world_size, delay_s):
@@ -330,18 +330,18 @@ def test_no_dump_is_kept_from_after_the_launch_stopped_the_ranks(tmp_path):
     late, on_time = tmp_path / "late", tmp_path / "on_time"
     for folder, until in ((late, time.time() + 0.3), (on_time, time.time() + 60)):
         folder.mkdir()
-        launch(debugging.recording_flight(_all_reduce_late, str(folder), until), 2, 0.6,
+        launch(flight_recorder.recording_flight(_all_reduce_late, str(folder), until), 2, 0.6,
                echo=False, backend="gloo", timeout_s=30)
-    assert debugging.read_flight_records(str(late)) == {}
-    records = debugging.read_flight_records(str(on_time))
+    assert flight_recorder.read_flight_records(str(late)) == {}
+    records = flight_recorder.read_flight_records(str(on_time))
     assert [[e["input_sizes"] for e in records[r]["entries"]] for r in (0, 1)] == [[[[3]]]] * 2
 
 
 @pytest.mark.stress  # notebook 10 shows the same stuck lines under nbval in make test
 def test_under_nccl_the_hang_surfaces_where_the_result_is_read():
-    hang = debugging.run_broken(debugging.out_of_order_as_on_nccl)
-    where = debugging.where_stuck(hang.stacks)
+    hang = hangs.run_broken(failure_zoo.out_of_order_as_on_nccl)
+    where = hangs.where_stuck(hang.stacks)
     assert sorted(where) == [0, 1]
     assert all(w.startswith("out_of_order_as_on_nccl  at: work.wait()") for w in where.values())
-    assert debugging.first_disagreement(hang.flight_records).startswith(
+    assert flight_recorder.first_disagreement(hang.flight_records).startswith(
         "group 0, collective #1: rank 0 ran gloo:all_reduce")

@@ -13,7 +13,7 @@ from device_audit import DeviceAudit, audited
 from torch import nn
 
 import course_utils
-from course_utils import bench, debug_training, devices
+from course_utils import bench, devices, training_bugs
 from course_utils.ddp_train import TrainConfig
 from course_utils.distributed import launch
 
@@ -200,13 +200,13 @@ BERT = {"vocab": 32, "hidden": 16, "layers": 1, "heads": 2, "intermediate": 32, 
 #: name -> (world size, arguments after rank and world_size), chosen so that nothing fails or
 #: hangs on purpose: the audit needs the function to finish.
 CASES = {
-    "bench._harness_rank single": (1, ("single", 16, 8, 2, 1)),
-    "bench._harness_rank dp": (1, ("dp", 16, 8, 2, 1)),
-    "bench._harness_rank parallel_criterion": (1, ("parallel_criterion", 16, 8, 2, 1)),
-    "bench._harness_rank ddp_2": (2, ("ddp_2", 16, 8, 2, 1)),
-    "bench._harness_rank ddp_2_amp": (2, ("ddp_2_amp", 16, 8, 2, 1)),
-    "bench._harness_rank zero1_2": (2, ("zero1_2", 16, 8, 2, 1)),
-    "bench._harness_rank fsdp_2": (2, ("fsdp_2", 16, 8, 2, 1)),
+    "strategy_harness._harness_rank single": (1, ("single", 16, 8, 2, 1)),
+    "strategy_harness._harness_rank dp": (1, ("dp", 16, 8, 2, 1)),
+    "strategy_harness._harness_rank parallel_criterion": (1, ("parallel_criterion", 16, 8, 2, 1)),
+    "strategy_harness._harness_rank ddp_2": (2, ("ddp_2", 16, 8, 2, 1)),
+    "strategy_harness._harness_rank ddp_2_amp": (2, ("ddp_2_amp", 16, 8, 2, 1)),
+    "strategy_harness._harness_rank zero1_2": (2, ("zero1_2", 16, 8, 2, 1)),
+    "strategy_harness._harness_rank fsdp_2": (2, ("fsdp_2", 16, 8, 2, 1)),
     "bench._ring_rank": (2, ([1], 1)),
     "bench._noop_rank": (2, ()),
     "collectives.check_ring_all_reduce": (3, ([1, 7, 64],)),
@@ -224,37 +224,37 @@ CASES = {
     "ddp_train.train_ddp": (2, (TINY,)),
     "ddp_train.train_resumable": (2, (TINY,)),
     "memory._ddp_peak_rank": (2, (BERT, 2)),
-    "sharding.by_hand_rank": (2, ()),
-    "sharding.api_rank": (2, (2, 8, 1e-2, "{tmp}/ckpt")),
+    "sharded_runs.zero_by_hand_rank": (2, ()),
+    "sharded_runs.api_rank": (2, (2, 8, 1e-2, "{tmp}/ckpt")),
     # notebook 10: the zoo's rank functions, each in a form that finishes
-    "debugging.sampler_orders": (2, (8, 2, True)),
-    "debugging.eval_on_rank_0_only": (1, ()),  # one rank: nobody else to wait for
-    "debugging.evaluate_everywhere": (2, ()),
-    "debugging.padded_accuracy": (2, (5,)),
-    "debugging.exact_accuracy": (2, (5,)),
-    "debugging.collectives_out_of_order": (1, ()),
-    "debugging.collectives_in_order": (2, ()),
-    "debugging.save_then_load": (2, ("{tmp}/checkpoint.pt", True)),
-    "debugging.out_of_order_as_on_nccl": (1, ()),
-    "debug_training.train_accumulating": (2, (debug_training.accumulate_step, 2, 3, 1)),
-    "debug_training.train_uneven join": (2, ([3, 2], "join")),
-    "debug_training.train_uneven equal": (2, ([3, 2], "equal")),
-    "debug_training.train_unused": (2, ("static_graph", 2)),
-    "debug_training.different_seeds": (2, ()),
-    "debug_training.train_compressed": (2, ("bf16", 2)),
-    "debug_training.wrapped_keys": (1, ()),
-    "debug_training.train_joined_logging": (2, ([3, 2], False)),
-    "debug_training.torch_bf16_hook": (2, ("a CUDA build with NCCL 2.21", 2)),
+    "failure_zoo.sampler_orders": (2, (8, 2, True)),
+    "failure_zoo.eval_on_rank_0_only": (1, ()),  # one rank: nobody else to wait for
+    "failure_zoo.evaluate_everywhere": (2, ()),
+    "failure_zoo.padded_accuracy": (2, (5,)),
+    "failure_zoo.exact_accuracy": (2, (5,)),
+    "failure_zoo.collectives_out_of_order": (1, ()),
+    "failure_zoo.collectives_in_order": (2, ()),
+    "failure_zoo.save_then_load": (2, ("{tmp}/checkpoint.pt", True)),
+    "failure_zoo.out_of_order_as_on_nccl": (1, ()),
+    "training_bugs.train_accumulating": (2, (training_bugs.accumulate_step, 2, 3, 1)),
+    "training_bugs.train_uneven join": (2, ([3, 2], "join")),
+    "training_bugs.train_uneven equal": (2, ([3, 2], "equal")),
+    "training_bugs.train_unused": (2, ("static_graph", 2)),
+    "training_bugs.different_seeds": (2, ()),
+    "gradient_compression.train_compressed": (2, ("bf16", 2)),
+    "training_bugs.wrapped_keys": (1, ()),
+    "training_bugs.train_joined_logging": (2, ([3, 2], False)),
+    "gradient_compression.torch_bf16_hook": (2, ("a CUDA build with NCCL 2.21", 2)),
 }
 #: Rank functions that cannot finish under the audit, and why that is safe.
 EXEMPT = {
     "fault_demos.die_while_saving": "kills itself with SIGKILL mid-save by design; it calls no "
                                     "module and no collective, so it has no device to get wrong",
-    "ddp_train.build_job": "train_ddp and train_resumable build their job with it (audited above)",
-    "sharding.dcp_load_rank": "needs the checkpoint that sharding.api_rank writes (audited above); "
-                              "tests/test_sharding.py runs the two in turn",
-    "debugging.rendezvous_at": "makes its own process group (launch(init=False)) and computes "
-                               "nothing: no tensor, no module",
+    "ddp_job.build_job": "train_ddp and train_resumable build their job with it (audited above)",
+    "sharded_runs.dcp_load_rank": "needs the checkpoint that sharded_runs.api_rank writes (audited above); "
+                                  "tests/test_sharding.py runs the two in turn",
+    "failure_zoo.rendezvous_at": "makes its own process group (launch(init='none')) and computes "
+                                 "nothing: no tensor, no module",
 }
 
 

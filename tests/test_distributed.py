@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import types
+from pathlib import Path
 
 import psutil
 import pytest
@@ -135,9 +136,10 @@ def test_a_function_defined_in_main_is_sent_by_value(monkeypatch):
     ({"world_size": 0}, ValueError, "world_size"),
     ({"world_size": 2.0}, TypeError, "world_size"),
     ({"timeout_s": 0}, ValueError, "timeout_s"),
-    ({"init": "file"}, ValueError, "init must be 'store', 'env', 'tcp' or False"),
-    ({"init": True}, ValueError, "init must be 'store', 'env', 'tcp' or False"),
-    ({"init": 0}, ValueError, "init must be 'store', 'env', 'tcp' or False"),
+    ({"init": "file"}, ValueError, "init must be one of 'store', 'env', 'tcp', 'none'"),
+    ({"init": False}, ValueError, "init must be one of 'store', 'env', 'tcp', 'none'"),
+    ({"init": True}, ValueError, "init must be one of 'store', 'env', 'tcp', 'none'"),
+    ({"init": 0}, ValueError, "init must be one of 'store', 'env', 'tcp', 'none'"),
     ({"stacks": "yes"}, TypeError, "stacks must be True or False"),
     ({"backend": "mpi"}, ValueError, "backend must be"),
     ({"threads_per_rank": 0}, ValueError, "threads_per_rank"),
@@ -373,8 +375,8 @@ def test_rank_zero_saves_and_everyone_reads(tmp_path):
 def test_the_rank_blamed_is_the_cause_not_a_peer_that_lost_it():
     """A rank that raises may tear its group down before its own error is written; the peers
     waiting for it then fail first, with a transport error. The launch still blames the cause."""
-    from course_utils.distributed import _cause
     from course_utils.launcher.processes import RankResult
+    from course_utils.launcher.waiting import _cause
 
     closed = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4321"
     echo = RankResult(ok=False, finished_at=1.0, exc_type="RuntimeError", message=closed)
@@ -385,3 +387,33 @@ def test_the_rank_blamed_is_the_cause_not_a_peer_that_lost_it():
     assert _cause({0: RankResult(ok=True, finished_at=0.1), 1: cause, 2: echo}) == 1
     own = RankResult(ok=False, finished_at=0.2, exc_type="KeyError", message="'step'")
     assert _cause({0: cause, 1: own}) == 1  # two causes: the earlier
+
+
+def _start_a_child_and(rank, world_size, pid_file, then):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    Path(pid_file).with_suffix(f".{rank}").write_text(str(child.pid))
+    if then == "hang":
+        time.sleep(600)
+    return child.pid
+
+
+def _dead(pid):
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("then", ["return", "hang"])
+def test_launch_stops_the_processes_its_ranks_started(tmp_path, then):
+    pid_file = tmp_path / "child"
+    if then == "hang":
+        with pytest.raises(LaunchTimeout):
+            launch(_start_a_child_and, 2, str(pid_file), then, timeout_s=3, echo=False, stacks=False)
+    else:
+        launch(_start_a_child_and, 2, str(pid_file), then, echo=False)
+    pids = [int(pid_file.with_suffix(f".{rank}").read_text()) for rank in range(2)]
+    deadline = time.monotonic() + 5
+    while not all(_dead(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_dead(pid) for pid in pids), pids

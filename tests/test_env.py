@@ -71,7 +71,7 @@ def test_the_plan_says_what_the_launchers_decide(gpus, nccl, monkeypatch):
 
     monkeypatch.delenv(devices.BACKEND_VARIABLE, raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    from course_utils import debugging
+    from course_utils import hangs
 
     plan = topics(env.course_plan(gpus, nccl=nccl, gloo=True))
     two_rank_backend = devices.choose_backend(2, gpus=gpus, nccl_available=nccl)
@@ -85,7 +85,7 @@ def test_the_plan_says_what_the_launchers_decide(gpus, nccl, monkeypatch):
     assert ("measured on" in plan["memory per device"]) == (gpus >= 2)
     # notebook 08 launches 2 ranks with launch's choice; notebook 10's zoo is gloo by name
     assert ("NCCL, one GPU per rank" in plan["sharded data parallel"]) == (two_rank_backend == "nccl")
-    assert debugging.ZOO_BACKEND == "gloo" and "broken programs on gloo" in plan["debugging"]
+    assert hangs.ZOO_BACKEND == "gloo" and "broken programs on gloo" in plan["debugging"]
     assert ("fixes on NCCL" in plan["debugging"]) == (two_rank_backend == "nccl")
     assert ("fork error reproduced" in plan["debugging"]) == (gpus > 0)  # where CUDA is available
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import course_utils.distributed
-from course_utils.exercises import bank, core, find, run_source, untimed, verdict
+from course_utils.exercises import answer_cells, bank, core, find, run_source, time_limit, untimed, verdict
 
 ALL = bank("all")
 #: seconds a check may take beyond its limit (the stop lands between two instructions)
@@ -68,7 +68,7 @@ def _timed_verdict(ex, answer, monkeypatch):
 
 
 def _namespace(ex, src):
-    return core._execute(ex, src, "answer")[ex.answer]
+    return answer_cells._execute(ex, src, "answer")[ex.answer]
 
 
 @pytest.mark.parametrize("ex", ALL, ids=[ex.key for ex in ALL])
@@ -82,7 +82,7 @@ def test_a_check_stops_an_answer_that_loops_forever(ex, monkeypatch):
     if "_RanksNotWanted" in result.hint:
         pytest.skip("the answer runs on ranks, stopped by the launch timeout (make stress proves it)")
     assert result.status == "not yet", str(result)
-    assert core._LAST.used < SHORT_S + MARGIN_S, (core._LAST.used, str(result))
+    assert time_limit._LAST.used < SHORT_S + MARGIN_S, (time_limit._LAST.used, str(result))
     assert seconds < 20, "imports and the course's own reference computations (untimed) took this long"
     if ex.kind != "predict":  # a value's judge may refuse it before touching what loops
         assert "stopped" in result.hint and "loop" in result.hint, result.hint
@@ -113,7 +113,7 @@ def test_outside_the_main_thread_the_check_stops_the_answer_too():
     ex = dataclasses.replace(find("02.2"), time_limit=SHORT_S)
     answer = _namespace(ex, _looping_function(ex))
     found = []
-    worker = threading.Thread(target=lambda: found.append((verdict(ex, answer), core._LAST.alarm)))
+    worker = threading.Thread(target=lambda: found.append((verdict(ex, answer), time_limit._LAST.alarm)))
     start = time.monotonic()
     worker.start()
     worker.join(10)
@@ -134,7 +134,7 @@ def test_a_check_leaves_no_alarm_and_no_handler_behind():
         run_source(ex.key, ex.wrong[0][0])
     assert signal.getsignal(signal.SIGALRM) is before
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-    assert core._LIMIT is None
+    assert time_limit._LIMIT is None
 
 
 def test_someone_else_s_alarm_is_left_alone():
@@ -144,8 +144,8 @@ def test_someone_else_s_alarm_is_left_alone():
     previous = signal.signal(signal.SIGALRM, lambda *args: seen.append("theirs"))
     try:
         result = verdict(ex, _namespace(ex, _looping_function(ex)))
-        assert "stopped" in result.hint and not core._LAST.alarm
-        assert signal.getsignal(signal.SIGALRM) is not core._on_alarm
+        assert "stopped" in result.hint and not time_limit._LAST.alarm
+        assert signal.getsignal(signal.SIGALRM) is not time_limit._on_alarm
     finally:
         signal.signal(signal.SIGALRM, previous)
 
@@ -161,7 +161,7 @@ def test_time_on_ranks_and_in_untimed_blocks_does_not_count():
                        solution="def f():\n    return None\n", judge=judge, time_limit=SHORT_S,
                        wrong=(("def f():\n    return 1\n", "x"), ("def f():\n    return 2\n", "y")))
     assert verdict(ex, lambda: None).right
-    assert core._LAST.used < SHORT_S
+    assert time_limit._LAST.used < SHORT_S
     assert "stopped" in verdict(ex, _loop).hint
 
 
@@ -171,7 +171,7 @@ def test_a_right_answer_is_far_from_its_limit(ex):
     (a slower machine, or one busy with other work, must not cut a right answer off)."""
     result = run_source(ex.key, ex.solution)
     assert result.right, str(result)
-    assert core._LAST.used < ex.time_limit / 4, (core._LAST.used, ex.time_limit)
+    assert time_limit._LAST.used < ex.time_limit / 4, (time_limit._LAST.used, ex.time_limit)
 
 
 def test_in_a_jupyter_kernel_the_alarm_stops_the_answer(tmp_path):
@@ -182,11 +182,11 @@ def test_in_a_jupyter_kernel_the_alarm_stops_the_answer(tmp_path):
     from course_utils.nbtools import run_in_memory
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
-        "import dataclasses, time\nfrom course_utils.exercises import core, find, verdict",
+        "import dataclasses, time\nfrom course_utils.exercises import find, time_limit, verdict",
         "def chunk_sizes(batch, devices):\n    while True:\n        pass",
         f"start = time.monotonic()\n"
         f"result = verdict(dataclasses.replace(find('02.2'), time_limit={SHORT_S}), chunk_sizes)\n"
-        "print(round(time.monotonic() - start, 1), core._LAST.alarm, result.hint[:30])",
+        "print(round(time.monotonic() - start, 1), time_limit._LAST.alarm, result.hint[:30])",
         "print(verdict('02.2', lambda b, d: [min(-(-b // d), b - s) for s in range(0, b, -(-b // d))]))",
     )])
     error, _ = run_in_memory(nb, tmp_path, timeout_s=120)

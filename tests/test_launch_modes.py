@@ -1,5 +1,5 @@
 """launch's newer modes: functions sent by value (defined in __main__, in a test, in a closure) and
-ranks that make their own process group (``init=False``), under both start methods.
+ranks that make their own process group (``init="none"``), under both start methods.
 
 The launch contract of tests/test_distributed.py (results in rank order, echo rank by rank, a
 RankError with the traceback for a raise and for a crash, a LaunchTimeout for a hang, nothing left
@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_utils import distributed
 from course_utils.distributed import LaunchTimeout, RankError, free_port, launch
-from course_utils.launcher.shipping import serialise_call
+from course_utils.launcher.pickling import serialise_call
 
 pytestmark = pytest.mark.usefixtures("nothing_left_behind")
 
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("nothing_left_behind")
 # make test checks the fork-server start, make stress (and CI) both.
 STARTS = pytest.mark.parametrize("start", ["forkserver",
                                            pytest.param("subprocess", marks=pytest.mark.stress)])
-MODES = pytest.mark.parametrize("mode", ["by_value", "init_false"])
+MODES = pytest.mark.parametrize("mode", ["by_value", "init_none"])
 
 
 def describe(rank, world_size):
@@ -41,7 +41,7 @@ def describe(rank, world_size):
 def contract_functions(mode):
     """The contract's rank functions, defined here, so sent by value.
 
-    With ``mode="init_false"`` each makes its own process group from torchrun's environment, as a
+    With ``mode="init_none"`` each makes its own process group from torchrun's environment, as a
     torchrun script does, and destroys it at the end.
     """
 
@@ -83,7 +83,7 @@ def contract_functions(mode):
         return rank
 
     fns = {f.__name__: own_group(f) for f in (hello, raise_on_rank, exit_abruptly, block_in_collective)}
-    return fns, (False if mode == "init_false" else "store")
+    return fns, ("none" if mode == "init_none" else "store")
 
 
 @MODES
@@ -294,7 +294,7 @@ def test_a_result_that_cannot_travel_back_is_a_clear_error():
         launch(returns_a_lock, 2)
 
 
-# ------------------------------------------------------------------------------ init=False
+# ------------------------------------------------------------------------------ init="none"
 
 
 class ToyModel(nn.Module):
@@ -347,7 +347,7 @@ def tutorial_demo(port, destroy=True):
 def test_the_tutorials_demo_basic_runs_twice_on_its_fixed_port(capsys, start):
     port = free_port()
     for _ in range(2):  # the port must be free again: the group destroyed, the store closed
-        weights = launch(tutorial_demo(port), 2, init=False, start=start)
+        weights = launch(tutorial_demo(port), 2, init="none", start=start)
         assert torch.equal(weights[0], weights[1])  # DDP kept the replicas in step
         assert capsys.readouterr().out.splitlines() == [
             "[rank 0] Running basic DDP example on rank 0.",
@@ -370,7 +370,7 @@ def from_torchruns_environment(gpu, ngpus_per_node, args):
 @STARTS
 def test_a_torchrun_style_function_finds_its_environment_twice_in_a_row(start):
     for _ in range(2):
-        results = launch(from_torchruns_environment, 3, {"lr": 0.1}, init=False, start=start,
+        results = launch(from_torchruns_environment, 3, {"lr": 0.1}, init="none", start=start,
                          echo=False)
         assert [(r["gpu"], r["RANK"], r["LOCAL_RANK"]) for r in results] == [
             (r, str(r), str(r)) for r in range(3)]
@@ -384,7 +384,7 @@ def test_a_torchrun_style_function_finds_its_environment_twice_in_a_row(start):
 def test_a_group_left_open_is_destroyed_and_its_port_freed(start):
     port = free_port()
     for _ in range(2):
-        weights = launch(tutorial_demo(port, destroy=False), 2, init=False, start=start, echo=False)
+        weights = launch(tutorial_demo(port, destroy=False), 2, init="none", start=start, echo=False)
         assert torch.equal(weights[0], weights[1])
     with socket.socket() as s:  # rank 0's store no longer listens (TIME_WAIT may remain, as
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # c10d's own store allows)
@@ -398,7 +398,7 @@ def test_a_taken_port_is_a_clear_error_not_a_hang():
         taken.listen()
         began = time.monotonic()
         with pytest.raises(RankError, match=r"rank 0 raised DistNetworkError: .*port: \d+.*EADDRINUSE"):
-            launch(tutorial_demo(taken.getsockname()[1]), 2, init=False, timeout_s=60, echo=False)
+            launch(tutorial_demo(taken.getsockname()[1]), 2, init="none", timeout_s=60, echo=False)
         assert time.monotonic() - began < 30
 
 
@@ -406,5 +406,5 @@ def test_without_init_there_is_no_group_unless_fn_makes_one():
     def sees(rank, world_size):
         return dist.is_initialized()
 
-    assert launch(sees, 2, init=False, echo=False) == [False, False]
+    assert launch(sees, 2, init="none", echo=False) == [False, False]
     assert launch(sees, 2, echo=False) == [True, True]

@@ -1,6 +1,6 @@
 """Launches in a row, in one process (`make stress`): 50 of a 2-rank DDP training, then 20 of a
 function sent by value and 20 of the DDP tutorial's demo_basic making its own group on a fixed
-port (init=False).
+port (init="none").
 
 Kept out of `make test` (about 25 s + 30 s on 2 cores, ranks forked from the fork server) and run
 by CI after it. Every launch must succeed, give both ranks identical parameters, and leave no
@@ -70,6 +70,6 @@ def test_twenty_launches_of_the_tutorials_demo_basic_on_a_fixed_port():
         return model[0].weight.detach().clone()
 
     for attempt in range(20):
-        weights = launch(demo_basic, 2, init=False, echo=False, timeout_s=60)
+        weights = launch(demo_basic, 2, init="none", echo=False, timeout_s=60)
         assert torch.equal(weights[0], weights[1]), attempt
         assert rank_processes() == [], attempt

@@ -78,3 +78,21 @@ def test_bad_arguments():
         crit(outputs, torch.ones(5, dtype=torch.long))
     with pytest.raises(TypeError, match="outputs must be the non-empty list"):
         crit(torch.randn(4, 3), torch.ones(4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("output_device", [None, "sim:2"])
+def test_parallel_criterion_with_dim_1_and_an_output_device_equals_one_device(output_device):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    inputs, targets = torch.randn(6, 5, 4), torch.randn(6, 5, 2)  # (time, batch, features)
+    reference = nn.functional.mse_loss(model(inputs), targets)
+    reference.backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    devices = sim_devices(3)  # a batch of 5 on 3 devices: chunks of 2, 2 and 1
+    outputs = DataParallelModel(model, devices, dim=1)(inputs)
+    assert [o.shape[1] for o in outputs] == [2, 2, 1]
+    loss = DataParallelCriterion(nn.MSELoss(), devices, dim=1, output_device=output_device)(outputs, targets)
+    loss.backward()
+    torch.testing.assert_close(loss, reference)  # the uneven chunks' means, weighted by size
+    torch.testing.assert_close([p.grad for p in model.parameters()], expected)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from course_utils import sharding
+from course_utils import sharded_runs, sharding
 from course_utils.distributed import launch
 from course_utils.memory import ModelSpec, ledger
 from course_utils.zero import STAGES, CommLog, ZeroByHand, shard_numel
@@ -11,12 +11,12 @@ from course_utils.zero import STAGES, CommLog, ZeroByHand, shard_numel
 
 @pytest.fixture(scope="module")
 def single():
-    return sharding.train_single()
+    return sharded_runs.train_single()
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_stage_equals_ddp_and_one_process(world_size, single):
-    results = launch(sharding.by_hand_rank, world_size, echo=False)
+    results = launch(sharded_runs.zero_by_hand_rank, world_size, echo=False)
     for rank, out in enumerate(results):
         assert list(out) == ["ddp", "zero0", "zero1", "zero2", "zero3"]
         for run in out.values():
@@ -48,8 +48,8 @@ def _api_rank_with_peaks_seen(rank, world_size, *args):
         yield
         peaks[name] = len(blocks)
 
-    sharding.cuda_peak = noting
-    return sharding.api_rank(rank, world_size, *args), blocks
+    sharded_runs.cuda_peak = noting
+    return sharded_runs.api_rank(rank, world_size, *args), blocks
 
 
 def test_api_runs_equal_one_process_and_a_checkpoint_reshards_bitwise(tmp_path, single):
@@ -91,7 +91,7 @@ def test_api_runs_equal_one_process_and_a_checkpoint_reshards_bitwise(tmp_path, 
     psi = sum(p.numel() for p in single)
     states = [out["zero_redundancy_state"] for out in saved]
     assert sum(states) == 8 * psi and max(states) < 8 * psi
-    loaded = launch(sharding.dcp_load_rank, 3, path, echo=False)
+    loaded = launch(sharded_runs.dcp_load_rank, 3, path, echo=False)
     for out in loaded:
         assert all(torch.equal(a, b) for a, b in zip(out["parameters"], saved[0]["fsdp"], strict=True))
     assert [out["local"][0] for out in loaded] == [(11, 16), (11, 16), (10, 16)]
@@ -160,12 +160,12 @@ def test_cuda_peak_measures_each_block_alone(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: allocator["peak"])
     peaks = {}
     cuda = torch.device("cuda", 0)
-    with sharding.cuda_peak(cuda, peaks, "big"):
+    with sharded_runs.cuda_peak(cuda, peaks, "big"):
         allocate(1000)
-    with sharding.cuda_peak(cuda, peaks, "small"):
+    with sharded_runs.cuda_peak(cuda, peaks, "small"):
         allocate(10)
     assert peaks == {"big": 1000, "small": 10}
-    with sharding.cuda_peak(torch.device("cpu"), peaks, "cpu"):
+    with sharded_runs.cuda_peak(torch.device("cpu"), peaks, "cpu"):
         allocate(5)
     assert "cpu" not in peaks
 
@@ -184,7 +184,7 @@ def _logged_calls(rank, world_size):
     import torch.distributed as dist
 
     log, original = CommLog(), dist.all_reduce
-    with sharding.logged_collectives(log):
+    with sharded_runs.logged_collectives(log):
         dist.all_reduce(torch.ones(4))  # 16 bytes
         dist.broadcast(torch.ones(2), 0)  # 8 bytes
         for old in (False, True):  # 2.13's names, then the deprecated ones (which call them)

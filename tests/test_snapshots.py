@@ -19,7 +19,7 @@ from course_utils.ddp_train import TrainConfig, train_ddp, train_resumable
 from course_utils.distributed import RankError, launch
 from course_utils.fault_demos import KillAt
 from course_utils.snapshots import (
-    SkipFirst,
+    ResumableSampler,
     load_snapshot,
     save_snapshot,
     strip_module_prefix,
@@ -105,7 +105,7 @@ def test_strip_module_prefix_only_when_every_key_has_it():
 
 
 def test_skip_first_starts_the_epoch_later():
-    sampler = SkipFirst(range(10), skip=4)
+    sampler = ResumableSampler(range(10), skip=4)
     assert list(sampler) == [4, 5, 6, 7, 8, 9] and len(sampler) == 6
     sampler.skip = 12
     assert list(sampler) == [] and len(sampler) == 0

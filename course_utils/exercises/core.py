@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import linecache
-import os
 import pkgutil
 import re
-import signal
-import threading
-import time
-import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["KINDS", "TIME_LIMIT_S", "Exercise", "Verdict", "bank", "check", "find", "hint_from_ranks",
-           "load_bank", "progress", "run_on_ranks", "run_source", "untimed", "verdict"]
+from .answer_cells import _execute, _unattempted
+from .time_limit import _Stopped, _within_limit, untimed
+
+__all__ = ["KINDS", "TIME_LIMIT_S", "Exercise", "Verdict", "bank", "check", "find", "load_bank",
+           "progress", "run_source", "untimed", "verdict"]
 
 #: predict: write a number or shape down before running; fix: repair a cell broken on purpose;
 #: implement: write a small piece of the lesson.
@@ -193,196 +189,6 @@ def find(key: str) -> Exercise:
                      f"it has {[ex.key for ex in bank(match.group(1))]}")
 
 
-def _fingerprint(obj: Any) -> Any:
-    """What the code of a function or class does, ignoring comments, layout and line numbers."""
-    if isinstance(obj, types.CodeType):
-        consts = tuple(_fingerprint(c) if isinstance(c, types.CodeType) else repr(c) for c in obj.co_consts)
-        return (obj.co_code, obj.co_names, obj.co_varnames, consts)
-    if isinstance(obj, (staticmethod, classmethod)):
-        return _fingerprint(obj.__func__)
-    if isinstance(obj, types.FunctionType):
-        return _fingerprint(obj.__code__)
-    if isinstance(obj, type):
-        return tuple((name, _fingerprint(value)) for name, value in sorted(vars(obj).items())
-                     if isinstance(value, (types.FunctionType, staticmethod, classmethod)))
-    return None
-
-
-_STARTERS: dict[str, Any] = {}
-
-
-def _starter_fingerprint(ex: Exercise) -> Any:
-    if ex.key not in _STARTERS:
-        namespace = _execute(ex, ex.starter, "starter")
-        _STARTERS[ex.key] = _fingerprint(namespace.get(ex.answer))
-    return _STARTERS[ex.key]
-
-
-def _unattempted(ex: Exercise, answer: Any) -> bool:
-    if answer is Ellipsis:
-        return True
-    if ex.kind == "predict":
-        return False
-    fingerprint = _fingerprint(answer)
-    return fingerprint is not None and fingerprint == _starter_fingerprint(ex)
-
-
-class _Stopped(BaseException):
-    """Raised inside the learner's code when a check's time runs out. A BaseException, so that an
-    answer's own ``except Exception`` does not swallow it."""
-
-
-class _Limit:
-    """The time limit of the check in progress: a clock that ``untimed`` can pause."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.used = 0.0  # timed seconds so far
-        self.paused = 0  # depth of untimed blocks
-        self.since = 0.0  # when the clock last started
-        self.armed = False  # while True, running out raises _Stopped in the learner's code
-        self.alarm = False  # SIGALRM does the stopping (else a watchdog, see _run_in_thread)
-        self.thread = threading.get_ident()  # the thread that runs the judge
-        self.pid = os.getpid()  # a process forked by the answer (a loader's worker) is not checked
-
-    def mine(self) -> bool:
-        """Whether the code running now is the check's: its process, and the judge's thread."""
-        return os.getpid() == self.pid and threading.get_ident() == self.thread
-
-    def left(self) -> float:
-        running = 0.0 if self.paused else time.monotonic() - self.since
-        return self.seconds - self.used - running
-
-    def start(self) -> None:
-        self.since = time.monotonic()
-        if self.alarm:
-            # repeat every 0.2 s: an answer that catches the first stop is stopped again
-            signal.setitimer(signal.ITIMER_REAL, max(self.left(), 0.001), 0.2)
-
-    def stop(self) -> None:
-        if self.alarm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        self.used += time.monotonic() - self.since
-
-
-_LIMIT: _Limit | None = None  # the check in progress (checks run one at a time)
-_LAST: _Limit | None = None  # the last check's clock (the tests read how long it took)
-
-
-@contextlib.contextmanager
-def untimed() -> Iterator[None]:
-    """Inside a judge: what runs in this block does not count against the check's time limit.
-
-    For work that needs no limit: the course's own reference computations, and ranks, which
-    ``run_on_ranks`` runs with the launch timeout. Never wrap the learner's code in it.
-    """
-    limit = _LIMIT
-    if limit is None or not limit.armed or not limit.mine():
-        yield  # no check in progress, or another thread (a replica's, the kernel's) or process
-        return
-    if not limit.paused:
-        limit.stop()
-    limit.paused += 1
-    try:
-        yield
-    finally:
-        limit.paused -= 1
-        if not limit.paused:
-            limit.start()
-
-
-def _guarded(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``: the one frame under which a check's time limit may stop the code running."""
-    return fn(*args)
-
-
-def _on_alarm(signum: int, frame: Any) -> None:
-    """SIGALRM: raise _Stopped, but only inside the judge's call (never in the check's own clean-up,
-    whatever instruction the signal lands on)."""
-    limit = _LIMIT
-    if limit is None or not limit.armed or limit.paused or os.getpid() != limit.pid:
-        return
-    while frame is not None:
-        if frame.f_code is _guarded.__code__:
-            raise _Stopped
-        frame = frame.f_back
-
-
-def _alarm_usable() -> bool:
-    """SIGALRM can stop the answer: POSIX, the main thread (where Python runs signal handlers; a
-    Jupyter kernel runs cells there), and nobody else's alarm or handler in place."""
-    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
-        return False
-    return (signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-            and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None))
-
-
-def _run_in_thread(limit: _Limit, fn: Callable[..., Any], *args: Any) -> Any:
-    """Where signals cannot stop the answer (Windows, or a check called outside the main thread):
-    run it in a thread and, when the time runs out, raise _Stopped in that thread between two of
-    its Python instructions. An answer stuck inside one long C call (a huge matrix product, a
-    blocking read) cannot be stopped that way: the check still comes back with its hint, and the
-    thread finishes in the background."""
-    import ctypes
-
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        limit.thread = threading.get_ident()
-        try:
-            outcome["value"] = _guarded(fn, *args)
-        except BaseException as err:  # noqa: BLE001 - handed to the caller as it is
-            outcome["error"] = err
-
-    worker = threading.Thread(target=target, name="exercise-check", daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(0.02)
-        if worker.is_alive() and not limit.paused and limit.left() <= 0:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident),
-                                                       ctypes.py_object(_Stopped))
-            worker.join(1.0)
-            raise _Stopped
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
-
-
-def _within_limit(seconds: float, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``, stopped with _Stopped once it has run ``seconds`` (untimed blocks excluded)."""
-    global _LIMIT, _LAST
-    import builtins
-
-    limit = _LIMIT = _LAST = _Limit(seconds)
-    limit.alarm = _alarm_usable()
-    previous = signal.signal(signal.SIGALRM, _on_alarm) if limit.alarm else None
-    real_import = builtins.__import__
-
-    def untimed_import(*args: Any, **kwargs: Any) -> Any:
-        """Imports are not the learner's code, and a stop in the middle of one would leave a module
-        half-initialised for the rest of the session: they run untimed."""
-        with untimed():
-            return real_import(*args, **kwargs)
-
-    builtins.__import__ = untimed_import
-    try:
-        limit.armed = True
-        limit.start()
-        if limit.alarm:
-            return _guarded(fn, *args)
-        return _run_in_thread(limit, fn, *args)
-    finally:
-        limit.armed = False
-        if limit.alarm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-        if builtins.__import__ is untimed_import:
-            builtins.__import__ = real_import
-        if not limit.paused:
-            limit.used += time.monotonic() - limit.since
-        _LIMIT = None
-
-
 def _timeout_hint(ex: Exercise) -> str:
     where = "working out your answer's value" if ex.kind == "predict" else f"running {ex.answer}"
     return (f"the check stopped {where} after {ex.time_limit:g} s, unfinished: look for a loop that "
@@ -430,25 +236,6 @@ def progress(notebook: Any) -> None:
         print(f"  {ex.key:<6} {ex.kind:<10} {status:<18} {ex.title}")
 
 
-def _execute(ex: Exercise, src: str, label: str) -> dict[str, Any]:
-    """Run the context, then ``src``, as a notebook would run two cells.
-
-    Like IPython, each top-level statement is compiled on its own: Python 3.11 compiles
-    ``torch.ones(...)`` inside a function differently when ``import torch`` is in the same
-    compiled unit, and the fingerprint of an untouched fix starter must match the notebook's.
-    """
-    import ast
-
-    namespace: dict[str, Any] = {"__name__": "__main__"}
-    for part, text in (("context", ex.context), (label, src)):
-        filename = f"<exercise {ex.key} {part}>"
-        linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
-        for node in ast.parse(text, filename).body:
-            code = compile(ast.Module([node], type_ignores=[]), filename, "exec")
-            exec(code, namespace)  # noqa: S102 - the course's own sources
-    return namespace
-
-
 def run_source(key: str, src: str) -> Verdict:
     """Run an answer cell's source (after the exercise's context) and judge what it defines.
 
@@ -464,31 +251,3 @@ def run_source(key: str, src: str) -> Verdict:
     return verdict(key, namespace[ex.answer])
 
 
-def run_on_ranks(rank_fn: Callable[..., Any], world_size: int, *args: Any, hang_hint: str,
-                 timeout_s: float = 60.0) -> tuple[list | None, str | None]:
-    """Run an answer (or a judge's rank function) on real ranks for a check.
-
-    Returns ``(results, None)``, or ``(None, hint)`` when the ranks hung (``hang_hint``) or one
-    raised (its first line). Checks run on gloo, on the CPU, on any machine: they judge the logic
-    of an answer, so answer cells need no device code. The one way a judge launches ranks
-    (notebooks 05, 08 and 10).
-    """
-    from ..distributed import LaunchTimeout, RankError, launch
-
-    try:
-        with untimed():  # the ranks have the launch timeout
-            return launch(rank_fn, world_size, *args, echo=False, timeout_s=timeout_s, stacks=False,
-                          backend="gloo"), None
-    except LaunchTimeout:
-        return None, hang_hint
-    except RankError as err:
-        first = (err.message.strip().splitlines() or [""])[0]
-        return None, f"rank {err.rank} raised {err.exc_type}: {first}"
-
-
-def hint_from_ranks(rank_fn: Callable[..., str | None], world_size: int, *args: Any,
-                    hang_hint: str, timeout_s: float = 60.0) -> str | None:
-    """Judge on real ranks with :func:`run_on_ranks`, where ``rank_fn`` returns each rank's hint
-    (None when satisfied): the first hint, or the hang or error hint."""
-    results, hint = run_on_ranks(rank_fn, world_size, *args, hang_hint=hang_hint, timeout_s=timeout_s)
-    return hint if results is None else next((h for h in results if h is not None), None)

@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from .core import load_bank, run_on_ranks
+from .core import load_bank
+from .on_ranks import run_on_ranks
 
 __all__ = ["EXERCISES"]
 
@@ -77,7 +78,7 @@ def _judge_sampler_reads(answer: Any) -> str | None:
 def _judge_epoch_orders(answer: Any) -> str | None:
     from torch.utils.data.distributed import DistributedSampler
 
-    from course_utils.debugging import sampler_orders
+    from course_utils.failure_zoo import sampler_orders
 
     runs = []
     for rank in (0, 1):  # the same answer on both ranks, as a training script runs it

@@ -10,7 +10,8 @@ import torch
 from ..compat import COLLECTIVE_NAMES
 from ..sharding import logged_collectives
 from ..zero import CommLog
-from .core import hint_from_ranks, load_bank
+from .core import load_bank
+from .on_ranks import hint_from_ranks
 
 __all__ = ["EXERCISES"]
 

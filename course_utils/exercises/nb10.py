@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..debugging import HANG_FRESH_S
-from .core import load_bank, run_on_ranks
+from ..hangs import HANG_FRESH_S
+from .core import load_bank
+from .on_ranks import run_on_ranks
 
 __all__ = ["EXERCISES"]
 
 HANG_S = 4.0  # a rank function that has not finished by then is stuck
 # HANG_FRESH_S where a GPU is visible: launch then starts ranks as fresh interpreters (CUDA and
-# fork do not mix), which import torch first; the notebook's own allowance, measured (debugging)
+# fork do not mix), which import torch first; the notebook's own allowance, measured (hangs)
 
 
 def run_ranks(fn: Any, world_size: int, *args: Any) -> tuple[list | None, str | None]:
@@ -83,7 +84,7 @@ def _judge_order(sync_step: Any) -> str | None:
 # ----------------------------------------------------------------------------- 10.4 Join
 
 def _judge_join(train_my_shard: Any) -> str | None:
-    from course_utils.debug_training import uneven_reference
+    from course_utils.training_bugs import uneven_reference
 
     results, hint = run_ranks(train_my_shard, 2)
     if hint:
@@ -105,7 +106,7 @@ def accumulation_rank(rank: int, world_size: int, step: Any, k: int, micro: int,
     the rounds of DDP's all-reduce and noting a ``zero_grad`` between two backward passes of a step."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    from course_utils.debug_training import train_accumulating
+    from course_utils.training_bugs import train_accumulating
 
     rounds: list[int] = []  # one entry per all-reduce of the first bucket: one per synced backward
     cleared_between = []  # steps in which zero_grad ran between two backward passes
@@ -140,7 +141,7 @@ def accumulation_rank(rank: int, world_size: int, step: Any, k: int, micro: int,
 
 
 def _judge_accumulation(accumulation_step: Any) -> str | None:
-    from course_utils.debug_training import accumulation_reference
+    from course_utils.training_bugs import accumulation_reference
 
     k, micro, steps = 4, 3, 2
     results, hint = run_ranks(accumulation_rank, 2, accumulation_step, k, micro, steps)
@@ -342,7 +343,7 @@ def _judge_ratio(fp16_bytes_ratio: Any) -> str | None:
 # ----------------------------------------------------------------------------- 10.12 Flight Recorder
 
 def _judge_first_mismatch(first_mismatch: Any) -> str | None:
-    from course_utils.debugging import example_flight_records, first_mismatch_of
+    from course_utils.flight_recorder import example_flight_records, first_mismatch_of
 
     if not (isinstance(first_mismatch, (tuple, list)) and len(first_mismatch) == 2
             and all(isinstance(v, int) and not isinstance(v, bool) for v in first_mismatch)):

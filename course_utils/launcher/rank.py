@@ -3,7 +3,7 @@
 A rank starts one of two ways: forked by the fork server (``forked``, the fast way on Linux),
 or as a fresh interpreter, ``python -m course_utils.launcher.rank WORKDIR RANK`` (``main``). Either way
 it reads the launch's payload (plain pickle around ``fn`` and ``args`` in cloudpickle's form, which
-plain ``pickle`` loads), joins the process group unless ``init`` is ``False`` (then ``fn`` makes its
+plain ``pickle`` loads), joins the process group unless ``init`` is ``"none"`` (then ``fn`` makes its
 own), runs ``fn(rank, world_size, *args)`` and writes a ``processes.RankResult`` (the value, or the
 exception's type, message and traceback) to ``WORKDIR/rank{RANK}.result``, atomically. It then
 tears the group down (``fn``'s own too, if it left it open), dropping every object first (a DDP
@@ -60,7 +60,7 @@ def _dump_stack_on_sigusr1(workdir: Path, rank: int) -> None:
 def _drain_before_destroy(dist: Any) -> None:
     """Make ``dist.destroy_process_group`` first give gloo's worker threads the GIL for a moment.
 
-    Code that makes its own group (``launch(..., init=False)``, the PyTorch DDP tutorial) often
+    Code that makes its own group (``launch(..., init="none")``, the PyTorch DDP tutorial) often
     calls ``destroy_process_group()`` right after a backward pass, with the DDP model still alive;
     the model then drops the last reference to the group when ``fn`` returns. A gloo worker thread
     that has just finished a gradient all-reduce still has to free that work, whose saved

@@ -1,22 +1,14 @@
-"""Cases the first tests left out: SyncBatchNormByHand's running variance and options, the ring on
-non-contiguous and non-fp32 tensors, the parallel criterion with output_device and dim=1, and
-launch stopping the processes its ranks start."""
+"""Notebook 05's collectives by hand: SyncBatchNormByHand against BatchNorm on the global batch
+(running variance, momentum and affine options), and the ring all-reduce on non-contiguous and
+non-fp32 tensors."""
 
-import subprocess
-import sys
-import time
-from pathlib import Path
-
-import psutil
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from course_utils.collectives import SyncBatchNormByHand, ring_all_reduce
-from course_utils.distributed import LaunchTimeout, launch
-from course_utils.parallel_criterion import DataParallelCriterion, DataParallelModel
-from course_utils.simulated import sim_devices
+from course_utils.distributed import launch
 
 pytestmark = pytest.mark.usefixtures("nothing_left_behind")
 
@@ -89,51 +81,3 @@ def test_ring_all_reduce_handles_non_contiguous_and_non_fp32_tensors_in_place():
         assert dtypes == [torch.float64, torch.float64, torch.int64, torch.float16, torch.bfloat16]
         assert [contiguous for _, contiguous, _, _ in per_rank][:2] == [False, False]
         assert all(same_storage and equal for *_, same_storage, equal in per_rank), per_rank
-
-
-@pytest.mark.parametrize("output_device", [None, "sim:2"])
-def test_parallel_criterion_with_dim_1_and_an_output_device_equals_one_device(output_device):
-    torch.manual_seed(0)
-    model = nn.Linear(4, 2)
-    inputs, targets = torch.randn(6, 5, 4), torch.randn(6, 5, 2)  # (time, batch, features)
-    reference = nn.functional.mse_loss(model(inputs), targets)
-    reference.backward()
-    expected = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    devices = sim_devices(3)  # a batch of 5 on 3 devices: chunks of 2, 2 and 1
-    outputs = DataParallelModel(model, devices, dim=1)(inputs)
-    assert [o.shape[1] for o in outputs] == [2, 2, 1]
-    loss = DataParallelCriterion(nn.MSELoss(), devices, dim=1, output_device=output_device)(outputs, targets)
-    loss.backward()
-    torch.testing.assert_close(loss, reference)  # the uneven chunks' means, weighted by size
-    torch.testing.assert_close([p.grad for p in model.parameters()], expected)
-
-
-def _start_a_child_and(rank, world_size, pid_file, then):
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    Path(pid_file).with_suffix(f".{rank}").write_text(str(child.pid))
-    if then == "hang":
-        time.sleep(600)
-    return child.pid
-
-
-def _dead(pid):
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-@pytest.mark.parametrize("then", ["return", "hang"])
-def test_launch_stops_the_processes_its_ranks_started(tmp_path, then):
-    pid_file = tmp_path / "child"
-    if then == "hang":
-        with pytest.raises(LaunchTimeout):
-            launch(_start_a_child_and, 2, str(pid_file), then, timeout_s=3, echo=False, stacks=False)
-    else:
-        launch(_start_a_child_and, 2, str(pid_file), then, echo=False)
-    pids = [int(pid_file.with_suffix(f".{rank}").read_text()) for rank in range(2)]
-    deadline = time.monotonic() + 5
-    while not all(_dead(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert all(_dead(pid) for pid in pids), pids
