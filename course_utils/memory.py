@@ -172,7 +172,8 @@ def plot_ledgers(ledgers: Sequence[Ledger], *, unit: float = 2**30, unit_name: s
             if any(values):
                 ax.bar(range(n), values, bottom=bottom, color=colors[c], label=c)
                 bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-        ax.set_xticks(range(n), [f"dev {d}" for d in range(n)])
+        ax.set_xticks(range(n), [str(d) for d in range(n)])  # "dev 0dev 1..." ran together at 8
+        ax.set_xlabel("device")
         ax.set_title(led.label, fontsize=10)
         ax.set_ylabel(unit_name)
     handles = {}
