@@ -113,6 +113,16 @@ class Verdict:
         return f"{text}. {self.hint}" if self.hint else f"{text}."
 
 
+def not_a_pair(answer: Any, what: str, whole: bool = True) -> str | None:
+    """For the judges of predictions answered with two numbers: the hint when ``answer`` is not a
+    pair (of whole numbers, unless ``whole`` is False; ``what`` says what the two are), else ``None``."""
+    if not (isinstance(answer, (tuple, list)) and len(answer) == 2):
+        return f"write a pair: {what}"
+    if whole and any(isinstance(v, bool) or not isinstance(v, int) for v in answer):
+        return f"write both as whole numbers: {what}"
+    return None
+
+
 def _notebook_id(notebook: Any) -> str:
     text = str(notebook) if isinstance(notebook, (int, str)) and not isinstance(notebook, bool) else ""
     match = re.match(r"^(\d{1,2})(?:_\w+(?:\.ipynb)?)?$", text)

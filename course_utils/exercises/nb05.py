@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .core import load_bank
+from .core import load_bank, not_a_pair
 from .on_ranks import run_on_ranks
 
 __all__ = ["EXERCISES"]
@@ -50,8 +50,11 @@ def _judge_ring_bytes(answer: Any) -> str | None:
 
 
 def _judge_sampler_reads(answer: Any) -> str | None:
-    if not (isinstance(answer, (tuple, list)) and len(answer) == 2):
-        return "write a pair: (samples each rank reads per epoch, duplicate reads in total)"
+    # each number's own type hint follows (_whole_number)
+    wrong_shape = not_a_pair(answer, "(samples each rank reads per epoch, duplicate reads in total)",
+                             whole=False)
+    if wrong_shape:
+        return wrong_shape
     per_rank, duplicates = answer
     for value, what in ((per_rank, "samples per rank"), (duplicates, "duplicate reads")):
         wrong_type = _whole_number(value, what)

@@ -13,7 +13,7 @@ from unittest import mock
 import torch
 from torch import nn
 
-from .core import load_bank
+from .core import load_bank, not_a_pair
 
 __all__ = ["EXERCISES"]
 
@@ -161,11 +161,10 @@ def _judge_snapshot(answer: Any) -> str | None:
 
 
 def _judge_restart(answer: Any) -> str | None:
-    if not (isinstance(answer, (tuple, list)) and len(answer) == 2):
-        return "write a pair: (the step of the snapshot the job resumes from, steps computed twice)"
+    wrong_shape = not_a_pair(answer, "(the step of the snapshot the job resumes from, steps computed twice)")
+    if wrong_shape:
+        return wrong_shape
     resumed, repeated = answer
-    if any(isinstance(v, bool) or not isinstance(v, int) for v in answer):
-        return "write both as whole numbers of steps"
     every, killed_after = 3, 10
     last = killed_after // every * every
     if resumed != last:

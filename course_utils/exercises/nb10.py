@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..hangs import HANG_FRESH_S
-from .core import load_bank
+from .core import load_bank, not_a_pair
 from .on_ranks import run_on_ranks
 
 __all__ = ["EXERCISES"]
@@ -345,9 +345,9 @@ def _judge_ratio(fp16_bytes_ratio: Any) -> str | None:
 def _judge_first_mismatch(first_mismatch: Any) -> str | None:
     from course_utils.flight_recorder import example_flight_records, first_mismatch_of
 
-    if not (isinstance(first_mismatch, (tuple, list)) and len(first_mismatch) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in first_mismatch)):
-        return "write a pair of whole numbers: (the collective's number in the group, a rank)"
+    wrong_shape = not_a_pair(first_mismatch, "(the collective's number in the group, a rank)")
+    if wrong_shape:
+        return wrong_shape
     records = example_flight_records()
     seq, rank = first_mismatch
     right_seq, right_rank = first_mismatch_of(records)
