@@ -8,6 +8,7 @@ from typing import Any
 
 from ..hangs import HANG_FRESH_S
 from .core import load_bank, not_a_pair
+from .nb10_ranks import accumulation_rank, save_and_load_rank, seeded_weights
 from .on_ranks import run_on_ranks
 
 __all__ = ["EXERCISES"]
@@ -101,45 +102,6 @@ def _judge_join(train_my_shard: Any) -> str | None:
 
 # ----------------------------------------------------------------------------- 10.5 accumulation
 
-def accumulation_rank(rank: int, world_size: int, step: Any, k: int, micro: int, steps: int) -> dict:
-    """One rank of exercise 10.5's check: ``train_accumulating`` with the answer as its step, counting
-    the rounds of DDP's all-reduce and noting a ``zero_grad`` between two backward passes of a step."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    from course_utils.training_bugs import train_accumulating
-
-    rounds: list[int] = []  # one entry per all-reduce of the first bucket: one per synced backward
-    cleared_between = []  # steps in which zero_grad ran between two backward passes
-
-    def counting_hook(state, bucket):  # unannotated: DDP refuses a bucket annotated other than GradBucket
-        if bucket.index() == 0:
-            rounds.append(1)
-        return allreduce_hook(None, bucket)  # DDP's own averaging all-reduce, in Python
-
-    def watched(ddp_model: Any, optimizer: Any, micro_batches: list) -> None:
-        if not hasattr(optimizer, "_course_events"):  # the first step: install the watchers
-            optimizer._course_events = []
-            ddp_model.register_comm_hook(None, counting_hook)
-            first = next(ddp_model.module.parameters())
-            first.register_hook(lambda grad: optimizer._course_events.append("backward"))
-            zero_grad = optimizer.zero_grad
-
-            def noted_zero_grad(*args: Any, **kwargs: Any) -> Any:
-                optimizer._course_events.append("zero_grad")
-                return zero_grad(*args, **kwargs)
-            optimizer.zero_grad = noted_zero_grad
-        events = optimizer._course_events
-        events.clear()
-        step(ddp_model, optimizer, micro_batches)
-        backward = [i for i, e in enumerate(events) if e == "backward"]
-        if any(e == "zero_grad" and backward and backward[0] < i < backward[-1]
-               for i, e in enumerate(events)):
-            cleared_between.append(True)
-
-    weights = train_accumulating(rank, world_size, watched, k, micro, steps)
-    return {"weights": weights, "rounds": len(rounds), "cleared_between": bool(cleared_between)}
-
-
 def _judge_accumulation(accumulation_step: Any) -> str | None:
     from course_utils.training_bugs import accumulation_reference
 
@@ -210,41 +172,6 @@ def _judge_still_differ(still_differ: Any) -> str | None:
 
 # ----------------------------------------------------------------------------- 10.8 saving
 
-SAVE_S = 1.0  # how long rank 0 takes to write the checkpoint in the check (a big one takes a while)
-
-
-def save_and_load_rank(rank: int, world_size: int, save_and_load: Any, path: str) -> dict:
-    """One rank of exercise 10.8's check: a model seeded with the rank, and a slow ``torch.save``."""
-    import time
-
-    import torch
-
-    writers = []
-    real_save = torch.save
-
-    def slow_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-        writers.append(rank)
-        if rank == 0:
-            time.sleep(SAVE_S)
-        return real_save(obj, f, *args, **kwargs)
-
-    torch.save = slow_save
-    try:
-        torch.manual_seed(rank)
-        got = save_and_load(torch.nn.Linear(3, 2), path)
-    finally:
-        torch.save = real_save
-    weights = {k: v.detach().cpu().clone() for k, v in got.items()} if isinstance(got, dict) else None
-    return {"wrote": bool(writers), "weights": weights}
-
-
-def _seeded_weights(seed: int) -> dict:
-    import torch
-
-    torch.manual_seed(seed)
-    return {k: v.detach().clone() for k, v in torch.nn.Linear(3, 2).state_dict().items()}
-
-
 def _judge_save_and_load(save_and_load: Any) -> str | None:
     import os
     import tempfile
@@ -256,14 +183,14 @@ def _judge_save_and_load(save_and_load: Any) -> str | None:
 
     with tempfile.TemporaryDirectory(prefix="course-checkpoint-") as folder:
         path = os.path.join(folder, "model.pt")
-        torch.save(_seeded_weights(99), path)  # last run's checkpoint, still there
+        torch.save(seeded_weights(99), path)  # last run's checkpoint, still there
         results, hint = run_ranks(save_and_load_rank, 2, save_and_load, path)
     if hint:
         return hint + ". A barrier waits until every rank has reached it: every rank must call it"
     if any(r["wrote"] for r in results[1:]):
         return ("only rank 0 writes the checkpoint: ranks that write one file at once can leave it torn, "
                 "and every copy but one is wasted")
-    saved, stale = _seeded_weights(0), _seeded_weights(99)
+    saved, stale = seeded_weights(0), seeded_weights(99)
     for rank, result in enumerate(results):
         if result["weights"] is None:
             return f"return the weights read from the file, a state_dict (rank {rank} returned another thing)"
@@ -272,7 +199,7 @@ def _judge_save_and_load(save_and_load: Any) -> str | None:
                     "checkpoint, which was still there: no rank may read until rank 0 has finished "
                     "writing (a sleep only guesses how long that takes)")
         if not same(result["weights"], saved):
-            if same(result["weights"], _seeded_weights(rank)):
+            if same(result["weights"], seeded_weights(rank)):
                 return (f"rank {rank} returned its own weights: every rank must return what rank 0 "
                         "saved, read back from the checkpoint")
             return f"rank {rank} did not return the weights rank 0 saved"
