@@ -247,12 +247,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"compat: environment ready in {time.perf_counter() - start:.0f} s", flush=True)
     env = dict(os.environ, PATH=f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("PYTHONPATH", None)
-    inner = subprocess.Popen([str(python), "-m", "course_utils.compat_check", "--inside", str(ROOT)],
-                             cwd=tempfile.gettempdir(), env=env, stderr=subprocess.PIPE, text=True)
-    for line in inner.stderr:  # every kernel says this once; the rest of stderr passes through
-        if "Kernel is running over TCP without encryption" not in line:
-            sys.stderr.write(line)
-    code = inner.wait()
+    # an empty folder of its own: a `course_utils` lying in the temp folder itself would be imported
+    outside = tempfile.mkdtemp(prefix="course-compat-")
+    try:
+        inner = subprocess.Popen([str(python), "-m", "course_utils.compat_check", "--inside", str(ROOT)],
+                                 cwd=outside, env=env, stderr=subprocess.PIPE, text=True)
+        for line in inner.stderr:  # every kernel says this once; the rest of stderr passes through
+            if "Kernel is running over TCP without encryption" not in line:
+                sys.stderr.write(line)
+        code = inner.wait()
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
     print(f"compat: {time.perf_counter() - start:.0f} s in all", flush=True)
     return code
 

@@ -177,3 +177,30 @@ def test_an_analyzer_that_refuses_gloo_is_reported_not_raised(monkeypatch):
     assert flight_recorder.analyze_flight_records(records) == [
         f"(torch {torch.__version__.split('+')[0]}'s analyzer reads NCCL's dumps, not gloo's; torch "
         "2.13's reads both)"]
+
+
+def test_the_release_check_runs_from_an_empty_folder_of_its_own(monkeypatch, tmp_path):
+    """The course must come from the installed package: the inner run starts in a new empty
+    folder (a `course_utils` left in the temp folder itself would otherwise be imported)."""
+    import io
+    import tempfile
+    from pathlib import Path
+
+    from course_utils import compat_check
+
+    seen = {}
+
+    class FakeRun:
+        def __init__(self, command, cwd, **kwargs):
+            seen["cwd"], seen["empty"] = cwd, not any(Path(cwd).iterdir())
+            self.stderr = io.StringIO("")
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(compat_check, "ROOT", tmp_path)
+    monkeypatch.setattr(compat_check, "prepare", lambda release, log: Path("/no/such/python"))
+    monkeypatch.setattr(compat_check.subprocess, "Popen", FakeRun)
+    assert compat_check.main(["--torch", compat_check.DEFAULT_TORCH]) == 0
+    assert seen["empty"] and Path(seen["cwd"]) != Path(tempfile.gettempdir())
+    assert not Path(seen["cwd"]).exists()  # removed afterwards
