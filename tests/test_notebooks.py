@@ -70,3 +70,32 @@ def test_notebook_opens_with_title_learning_goals_and_hardware(path):
     assert re.search(r"^# \d\d · ", title, re.M), "the first cell starts with the numbered title"
     assert "**What you will learn**" in title
     assert "**Hardware:**" in title
+
+
+#: A float printed to 6 or more decimals (1.2858909368515015): its last digits are rounding, which
+#: differs between CPUs' kernels, so nbval would fail on another machine.
+_UNROUNDED = re.compile(r"(?<![\w.])-?\d+\.\d{6,}(?![\d])")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_stored_output_prints_rounding_digits(path):
+    """What nbval compares must be what every correct CPU prints: a bound, a count, a rounded figure.
+    Cells whose output is ignored (hardware reports) are exempt."""
+    nb = nbformat.read(path, as_version=4)
+    found = []
+    for index, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        if "NBVAL_IGNORE_OUTPUT" in cell.source:
+            continue
+        for out in cell.get("outputs", []):
+            text = out.get("text", "") + out.get("data", {}).get("text/plain", "")
+            found += [f"cell {index}: {m.group()}" for m in _UNROUNDED.finditer(text)]
+    assert found == []
+
+
+def test_ci_checks_the_notebooks_with_another_cpus_kernels():
+    """CI runs nbval a second time with PyTorch's portable kernels, so an output that only one CPU's
+    kernels print cannot land."""
+    makefile = (ROOT / "Makefile").read_text()
+    target = re.search(r"^nbval-portable:.*\n\t(.+)$", makefile, re.MULTILINE)
+    assert target and "ATEN_CPU_CAPABILITY=default" in target.group(1) and "notebooks" in target.group(1)
+    assert "make nbval-portable" in (ROOT / ".ci" / "run").read_text().splitlines()
