@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .core import changed, load_bank, snapshot
+from .core import changed, load_bank, snapshot, untimed
 
 __all__ = ["CASES", "EXERCISES"]
 
@@ -78,6 +78,8 @@ def _judge_same_objects(answer: Any) -> str | None:
 
 
 def _judge_to_target(answer: Any) -> str | None:
+    with untimed():  # torch sets the meta device up on first use (seconds): not the answer's time
+        nn.Linear(1, 1).to("meta")(torch.zeros(1, 1, device="meta"))
     for label, target in _TARGETS:
         hint = _to_target_case(answer, label, target)
         if hint:
