@@ -3,6 +3,7 @@ their content is in nb07.toml."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import sys
@@ -83,7 +84,10 @@ def _judge_save_atomically(answer: Any) -> str | None:
         sys.addaudithook(_audit)
         _AUDITING = True
     for name in _TARGETS:
-        with tempfile.TemporaryDirectory() as folder:
+        # the answer runs in a scratch working folder of its own, so that what it writes under a
+        # relative name is cleaned up too (and is not beside the target)
+        with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as scratch, \
+                contextlib.chdir(scratch):
             target = Path(folder) / name
             target.parent.mkdir(parents=True, exist_ok=True)
             hint = _atomic_saves(answer, target)
