@@ -8,9 +8,11 @@ from typing import Any
 from ..splits import split_sizes
 from .core import load_bank
 
-__all__ = ["EXERCISES"]
+__all__ = ["CASES", "EXERCISES"]
 
 _ROWS, _GPUS = 10, 8
+
+CASES: dict[str, list[str]] = {"00.1": [f"a batch of {_ROWS} rows on {_GPUS} GPUs"]}
 
 
 def _judge_busy_gpus(answer: Any) -> str | None:

@@ -7,9 +7,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from .core import load_bank
+from .core import changed, load_bank, snapshot, untimed
 
-__all__ = ["EXERCISES"]
+__all__ = ["CASES", "EXERCISES"]
+
+#: 01.1's (index, gpu_count): no GPU at all, a GPU that exists, an index past the last GPU
+_NO_GPU, _EXISTS = [(0, 0), (3, 0)], [(0, 1), (1, 2), (3, 4)]
+_MISSING = [(2, 1), (1, 1), (4, 4), (-1, 2), (7, 3)]
+#: 01.3's targets: two dtypes and a device (the meta device, which every machine has), twice named
+_TARGETS = [("torch.float64", torch.float64), ("torch.bfloat16", torch.bfloat16),
+            ("torch.device('meta')", torch.device("meta")), ("'meta' (a device named by a string)", "meta")]
+
+CASES: dict[str, list[str]] = {
+    "01.1": [f"index={i}, gpu_count={n}" for i, n in _NO_GPU + _EXISTS + _MISSING],
+    "01.2": ["four .to() calls on a float32 CPU tensor"],
+    "01.3": [f"target={label}, a Linear(3, 1) and a batch of 4 rows" for label, _ in _TARGETS],
+}
 
 
 def _judge_device_name(answer: Any) -> str | None:
@@ -17,14 +30,14 @@ def _judge_device_name(answer: Any) -> str | None:
         got = answer(index, count)
         return str(got) if isinstance(got, torch.device) else got  # a torch.device is fine too
 
-    for index in (0, 3):
-        if name(index, 0) != "cpu":
+    for index, count in _NO_GPU:
+        if name(index, count) != "cpu":
             return "with no GPU at all (gpu_count == 0), the only device there is is 'cpu'"
-    for index, count in [(0, 1), (1, 2), (3, 4)]:
+    for index, count in _EXISTS:
         got = name(index, count)
         if got != f"cuda:{index}":
             return f"device_name({index}, {count}) gave {got!r}: there are {count} GPUs, so that one exists"
-    for index, count in [(2, 1), (1, 1), (4, 4), (-1, 2), (7, 3)]:
+    for index, count in _MISSING:
         try:
             got = name(index, count)
         except ValueError as err:
@@ -65,36 +78,69 @@ def _judge_same_objects(answer: Any) -> str | None:
 
 
 def _judge_to_target(answer: Any) -> str | None:
+    with untimed():  # torch sets the meta device up on first use (seconds): not the answer's time
+        nn.Linear(1, 1).to("meta")(torch.zeros(1, 1, device="meta"))
+    for label, target in _TARGETS:
+        hint = _to_target_case(answer, label, target)
+        if hint:
+            return hint
+    return None
+
+
+def _to_target_case(answer: Any, label: str, target: Any) -> str | None:
     g = torch.Generator().manual_seed(0)
     model = nn.Linear(3, 1)
     inputs, targets = torch.randn(4, 3, generator=g), torch.randn(4, 1, generator=g)
-    inputs_given, targets_given = inputs.clone(), targets.clone()
-    returned = answer(model, inputs, targets, torch.float64)
+    batch = [inputs, targets]
+    given = snapshot(batch)
+    is_dtype = isinstance(target, torch.dtype)
+    goal = target if is_dtype else torch.device(target)
+
+    def at(t: torch.Tensor) -> Any:
+        return t.dtype if is_dtype else t.device
+
+    was = "float32" if is_dtype else "on the CPU"
+    try:
+        returned = answer(model, inputs, targets, target)
+    except (TypeError, RuntimeError) as err:
+        if is_dtype:
+            raise
+        return (f"with target={label} your answer raised {type(err).__name__}: target may be a device as "
+                "well as a dtype, and .to() takes either the same way")
     if not (isinstance(returned, (tuple, list)) and len(returned) == 3):
         return "return the three things, in order: (model, inputs, targets)"
     model_out, inputs_out, targets_out = returned
     if not (isinstance(model_out, nn.Module) and isinstance(inputs_out, torch.Tensor)
             and isinstance(targets_out, torch.Tensor)):
         return "return the three things, in order: (model, inputs, targets)"
-    if model.weight.dtype != torch.float64:
-        if getattr(model_out, "weight", None) is not None and model_out.weight.dtype == torch.float64:
-            return ("the model you were given is still float32 (you converted a copy of it): an "
-                    "optimizer built before the call would go on training the old parameters")
-        return "the model is still float32: it has to be converted too"
-    if inputs.dtype != torch.float32 or targets.dtype != torch.float32:
+    if changed(batch, given):
         return ("the tensors you were given changed in place; .to() is meant to leave them as they "
                 "were and hand back converted tensors")
-    if inputs_out.dtype != torch.float64:
-        return ("the inputs are still float32: tensor.to() returns a new tensor and leaves the one "
+    if at(model.weight) != goal:
+        if getattr(model_out, "weight", None) is not None and at(model_out.weight) == goal:
+            return (f"the model you were given is still {was} (you converted a copy of it): an "
+                    "optimizer built before the call would go on training the old parameters")
+        if at(model.weight) == at(inputs) and at(inputs_out) == at(inputs):
+            return (f"with target={label} nothing moved: .to() follows the same rule for a device as "
+                    "for a dtype, and the target can be either")
+        if at(model.weight) != at(inputs):
+            return (f"with target={label} the model went elsewhere than the target: convert to the "
+                    "target you are given, whatever it is")
+        return f"the model is still {was}: it has to be converted too"
+    if at(inputs_out) != goal:
+        return (f"the inputs are still {was}: tensor.to() returns a new tensor and leaves the one "
                 "you called it on as it was")
-    if targets_out.dtype != torch.float64:
-        return "the inputs are right now, but the targets are still float32: the same rule applies to them"
-    if not torch.equal(inputs_out, inputs_given.double()):
-        return "the inputs that came back are not the inputs you were given, converted"
-    if not torch.equal(targets_out, targets_given.double()):
+    if at(targets_out) != goal:
+        return f"the inputs are right now, but the targets are still {was}: the same rule applies to them"
+    if targets_out.shape != targets.shape:
         return (f"the targets that came back (shape {list(targets_out.shape)}) are not the targets you "
                 "were given, converted: look for a copy-paste slip")
-    if model_out(inputs_out).dtype != torch.float64:
+    if is_dtype and not torch.equal(inputs_out, inputs.to(target)):
+        return "the inputs that came back are not the inputs you were given, converted"
+    if is_dtype and not torch.equal(targets_out, targets.to(target)):
+        return (f"the targets that came back (shape {list(targets_out.shape)}) are not the targets you "
+                "were given, converted: look for a copy-paste slip")
+    if at(model_out(inputs_out)) != goal:
         return "the model and the batch should end up on the same target"
     return None
 

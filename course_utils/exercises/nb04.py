@@ -9,9 +9,19 @@ from typing import Any
 
 import torch
 
-from .core import load_bank, untimed
+from .core import changed, load_bank, snapshot, untimed
 
-__all__ = ["EXERCISES"]
+__all__ = ["CASES", "EXERCISES"]
+
+#: 04.3's (chunk sizes, reduction): uneven chunks, several of them, one device alone
+_COMBINE = [([4, 4, 2], "mean"), ([4, 4, 2], "sum"), ([3, 3, 3, 3, 1], "mean"), ([3, 3, 3, 3, 1], "sum"),
+            ([7], "mean"), ([2, 5], "mean")]
+
+CASES: dict[str, list[str]] = {
+    "04.1": ["BERT-base-like, batch 32, 4 devices, plain SGD"],
+    "04.2": ["CUDA_VISIBLE_DEVICES set after CUDA started, 8 GPUs"],
+    "04.3": [f"chunks of {sizes} rows, reduction={reduction!r}" for sizes, reduction in _COMBINE],
+}
 
 MiB = 2**20
 
@@ -89,37 +99,41 @@ def _criterion_case(sizes: list[int], reduction: str, seed: int) -> tuple[list, 
 
 
 def _judge_combine(answer: Any) -> str | None:
-    for sizes in ([4, 4, 2], [3, 3, 3, 3, 1]):
-        for reduction in ("mean", "sum"):
-            losses, want, (outputs, want_grad) = _criterion_case(sizes, reduction, seed=len(sizes))
-            got = answer(losses, list(sizes), reduction)
-            if not isinstance(got, torch.Tensor) or got.dim() != 0:
-                return "return the loss as a 0-dim tensor (so that backward can start from it)"
-            if torch.allclose(got, want, atol=1e-6):
-                if not got.requires_grad:
-                    return ("the value is right, but backward cannot start from it: the result lost its "
-                            "link to the per-device losses (a Python number, or .item(), breaks it)")
-                (grad,) = torch.autograd.grad(got, outputs)
-                if not torch.allclose(grad, want_grad, atol=1e-6):
-                    return "the value is right, but its gradient is not the plain criterion's"
-                continue
-            if torch.allclose(got, torch.stack(losses).mean(), atol=1e-6):
-                if reduction == "mean":
-                    return ("you averaged the chunk losses without weighting them by chunk size: a short "
-                            "chunk counts as much as a full one")
-                return "with reduction='sum' each device's loss is already a sum: add them, do not average"
-            if reduction == "sum":
-                return ("with reduction='sum' each device's loss is already a sum over its rows: weighting "
-                        "it again counts its rows twice")
-            weighted = sum(loss * size for loss, size in zip(losses, sizes, strict=True))
-            if torch.allclose(got, weighted, atol=1e-6):
-                return ("weighted by the chunk sizes, that is the sum over rows; a mean divides it by the "
-                        "rows of the whole batch")
-            if torch.allclose(got * 10, weighted, atol=1e-5):
-                return (f"right for a batch of 10, wrong for chunks {sizes}: the batch's size comes from "
-                        "the chunk sizes you are given")
-            return (f"with reduction={reduction!r} and chunks {sizes}, the result differs from the plain "
-                    "criterion's")
+    for sizes, reduction in _COMBINE:
+        losses, want, (outputs, want_grad) = _criterion_case(sizes, reduction, seed=len(sizes))
+        given = [losses, list(sizes)]
+        before = snapshot(given)
+        got = answer(*given, reduction)
+        if changed(given, before):
+            return ("the losses or chunk sizes you were given changed in place: the caller still holds "
+                    "them, so build the result from new values and leave them as they were")
+        if not isinstance(got, torch.Tensor) or got.dim() != 0:
+            return "return the loss as a 0-dim tensor (so that backward can start from it)"
+        if torch.allclose(got, want, atol=1e-6):
+            if not got.requires_grad:
+                return ("the value is right, but backward cannot start from it: the result lost its "
+                        "link to the per-device losses (a Python number, or .item(), breaks it)")
+            (grad,) = torch.autograd.grad(got, outputs)
+            if not torch.allclose(grad, want_grad, atol=1e-6):
+                return "the value is right, but its gradient is not the plain criterion's"
+            continue
+        if torch.allclose(got, torch.stack(losses).mean(), atol=1e-6):
+            if reduction == "mean":
+                return ("you averaged the chunk losses without weighting them by chunk size: a short "
+                        "chunk counts as much as a full one")
+            return "with reduction='sum' each device's loss is already a sum: add them, do not average"
+        if reduction == "sum":
+            return ("with reduction='sum' each device's loss is already a sum over its rows: weighting "
+                    "it again counts its rows twice")
+        weighted = sum(loss * size for loss, size in zip(losses, sizes, strict=True))
+        if torch.allclose(got, weighted, atol=1e-6):
+            return ("weighted by the chunk sizes, that is the sum over rows; a mean divides it by the "
+                    "rows of the whole batch")
+        if torch.allclose(got * 10, weighted, atol=1e-5):
+            return (f"right for a batch of 10, wrong for chunks {sizes}: the batch's size comes from "
+                    "the chunk sizes you are given")
+        return (f"with reduction={reduction!r} and chunks {sizes}, the result differs from the plain "
+                "criterion's")
     return None
 
 

@@ -7,9 +7,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .core import load_bank
+from .core import changed, load_bank, reference, snapshot
 
-__all__ = ["EXERCISES"]
+__all__ = ["CASES", "EXERCISES"]
 
 
 def _judge_survives(answer: Any) -> str | None:
@@ -39,20 +39,24 @@ def _huge_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((output.float() - target) * 1e4).sum()  # scaled by 2**16, its gradients overflow fp16
 
 
-def _judge_fp16_step(answer: Any) -> str | None:
+def _fp16_first_steps(answer: Any) -> str | None:
+    """Two steps with gradients of about 1e-8 (below fp16's range), at the scale 2**16 and then at
+    the scale the first step grew it to."""
     from ..amp import autocast
 
-    reference, inputs, targets = _scaled_step_setup()
-    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=1e6)
+    reference_model, inputs, targets = _scaled_step_setup()
+    reference_optimizer = torch.optim.SGD(reference_model.parameters(), lr=1e6)
     expected = []
     for _ in range(2):  # two plain fp32 steps
         reference_optimizer.zero_grad()
         with autocast("off"):
-            _tiny_loss(reference(inputs), targets).backward()
-        expected.append(reference.weight.grad.clone())
+            _tiny_loss(reference_model(inputs), targets).backward()
+        expected.append(reference_model.weight.grad.clone())
         reference_optimizer.step()
 
     model, inputs, targets = _scaled_step_setup()
+    batch = [inputs, targets]
+    given = snapshot(batch)
     before = model.weight.detach().clone()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e6)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1)
@@ -72,6 +76,8 @@ def _judge_fp16_step(answer: Any) -> str | None:
             raise
         return ("the optimizer stepped with gradients still multiplied by the scale, and the scaler "
                 "never saw them (update found no inf check): let the scaler step the optimizer")
+    if changed(batch, given):
+        return "the batch you were given changed in place: a training step only reads it"
     if seen and seen[0] != torch.float16:
         return (f"the forward ran in {str(seen[0]).replace('torch.', '')}: the step is meant to compute "
                 "in fp16 under autocast, with the loss scaled so that fp16's gradients survive")
@@ -101,7 +107,11 @@ def _judge_fp16_step(answer: Any) -> str | None:
     if not torch.allclose(second, -1e6 * expected[1], rtol=2e-2, atol=1e-5):
         return ("the first step is right, the second is not: the scale changed in between (it grows "
                 "after good steps), so a scale written into the code goes stale")
+    return None
 
+
+def _fp16_overflow(answer: Any) -> str | None:
+    """A step whose gradients, multiplied by the scale, overflow fp16: skipped, the scale halved."""
     model, inputs, targets = _scaled_step_setup()
     before = model.weight.detach().clone()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -110,8 +120,22 @@ def _judge_fp16_step(answer: Any) -> str | None:
     if not torch.equal(before, model.weight.detach()):
         return ("with gradients that overflowed fp16, your step still changed the weights (to inf or "
                 "nan): a step whose gradients overflowed must be skipped, and the scaler knows when")
-    if scaler.get_scale() != scale / 2:
+    if scaler.get_scale() != 2.0**16 / 2:
         return "a step whose gradients overflowed must also lower the scale for the next one"
+    return None
+
+
+_FP16_RUNS = [
+    ("two steps with gradients of about 1e-8, from the scale 2**16 (growth_interval=1)", _fp16_first_steps),
+    ("one step whose scaled gradients overflow fp16, at the scale 2**16", _fp16_overflow),
+]
+
+
+def _judge_fp16_step(answer: Any) -> str | None:
+    for _, run in _FP16_RUNS:
+        hint = run(answer)
+        if hint:
+            return hint
     return None
 
 
@@ -134,29 +158,50 @@ _SCALE_CASES = [
     ((4096.0, 1, False, 5), (4096.0, 2), (_GIVEN, _GIVEN)),
     ((4096.0, 4, False, 5), (8192.0, 0), (_GIVEN, _GIVEN)),
 ]
+_SMALL = ("after an overflow at a small scale (or one that is not a power of two) your scale is not half "
+          "of what it was: the scale is a float that keeps halving, with no rounding and no floor")
+#: the edges, whose right answers come from the reference solution: scales of 1 and less, scales
+#: that are not powers of two, growth_interval=1 (every good step grows the scale) and 3
+_EDGES = [((1.0, 0, True, 2), (_SMALL, _ALWAYS)), ((3.0, 1, True, 2), (_SMALL, _ALWAYS)),
+          ((0.5, 0, True, 3), (_SMALL, _ALWAYS)), ((0.75, 0, False, 1), (_GIVEN, _GIVEN)),
+          ((1.0, 2, False, 3), (_GIVEN, _GIVEN)), ((1.0, 1, False, 3), (_GIVEN, _GIVEN))]
+#: runs of steps through torch's own GradScaler: (init_scale, growth_interval, found_inf per step)
+_SCALER_RUNS = [(2.0**16, 2, (True, True, False, False, True, False, False, False, True, False)),
+                (1.0, 3, (True, True, False, False, False, True, False, False, False, False))]
+
+CASES: dict[str, list[str]] = {
+    "06.1": ["1e-5 in fp16, 1e-9 in bf16"],
+    "06.2": [label for label, _ in _FP16_RUNS],
+    "06.3": [f"scale={a[0]:g}, good_steps={a[1]}, found_inf={a[2]}, growth_interval={a[3]}"
+             for a, *_ in _SCALE_CASES + _EDGES]
+    + [f"{len(steps)} steps of GradScaler(init_scale={init:g}, growth_interval={interval})"
+       for init, interval, steps in _SCALER_RUNS],
+}
 
 
 def _judge_next_scale(answer: Any) -> str | None:
-    for args, right, hints in _SCALE_CASES:
+    rule = reference("06.3")
+    for args, right, hints in _SCALE_CASES + [(args, tuple(rule(*args)), hints) for args, hints in _EDGES]:
         got = answer(*args)
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             return "return a pair: (the new scale, the new count of good steps)"
         for value, expected, hint in zip(got, right, hints, strict=True):
             if value != expected:
                 return hint
-    # the same run of steps through torch's own GradScaler: the scales must agree step by step
-    weight = nn.Parameter(torch.zeros(1))
-    optimizer = torch.optim.SGD([weight], lr=0.0)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=2)
-    scaler.scale(torch.ones(1))  # the scaler starts its scale on first use
-    scale, good = 2.0**16, 0
-    for found_inf in (True, True, False, False, True, False, False, False, True, False):
-        weight.grad = torch.tensor([float("inf") if found_inf else 1.0])
-        scaler.step(optimizer)
-        scaler.update()
-        scale, good = answer(scale, good, found_inf, 2)
-        if scale != scaler.get_scale():
-            return "over a longer run of steps your scale drifts from GradScaler's: check each rule again"
+    # the same runs of steps through torch's own GradScaler: the scales must agree step by step
+    for init, interval, steps in _SCALER_RUNS:
+        weight = nn.Parameter(torch.zeros(1))
+        optimizer = torch.optim.SGD([weight], lr=0.0)
+        scaler = torch.amp.GradScaler("cpu", init_scale=init, growth_interval=interval)
+        scaler.scale(torch.ones(1))  # the scaler starts its scale on first use
+        scale, good = init, 0
+        for found_inf in steps:
+            weight.grad = torch.tensor([float("inf") if found_inf else 1.0])
+            scaler.step(optimizer)
+            scaler.update()
+            scale, good = answer(scale, good, found_inf, interval)
+            if scale != scaler.get_scale():
+                return "over a longer run of steps your scale drifts from GradScaler's: check each rule again"
     return None
 
 

@@ -3,8 +3,10 @@ their content is in nb07.toml."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -15,14 +17,58 @@ from torch import nn
 
 from .core import load_bank, not_a_pair
 
-__all__ = ["EXERCISES"]
+__all__ = ["CASES", "EXERCISES"]
+
+#: 07.1's targets, inside a fresh folder
+_TARGETS = ["snapshot.pt", "runs/job 1/last.pt"]
+#: 07.2's jobs are 15 steps of 6 batches per epoch; the snapshot is taken after these steps
+_RESUME_AFTER = [8, 3, 12]
+
+CASES: dict[str, list[str]] = {
+    "07.1": [f"two saves, then one that dies half-way, to {name!r} in a fresh folder" for name in _TARGETS],
+    "07.2": [f"a snapshot after step {k} of 15 (epoch {k // 6}, batch {k % 6}), resumed in a fresh process"
+             for k in _RESUME_AFTER],
+    "07.3": ["a snapshot every 3 steps, killed after step 10"],
+}
 
 
 class _DiesHalfWay:
-    """Stands in for the moment a writer is killed: pickling it raises in the middle of a save."""
+    """Stands in for the moment a writer is killed: pickling it notes what a restart would find
+    under the target's name at that moment (what a handler run later cannot change), then raises."""
+
+    def __init__(self, target: Path, found: list) -> None:
+        self.target, self.found = target, found
 
     def __reduce__(self):
+        self.found.append(_step_in(self.target))
         raise RuntimeError("the writer died half-way through the save (simulated)")
+
+
+#: the events of the save being watched, in order, while a check of 07.1 runs (else None):
+#: ("sync", inode or None where the file is not known) and ("rename", inode, src, dst)
+_EVENTS: list | None = None
+_AUDITING = False
+
+
+def _audit(event: str, args: tuple) -> None:
+    """Every rename that runs (os.rename, os.replace, Path.replace, shutil.move), however it is named."""
+    if _EVENTS is None or event != "os.rename":
+        return
+    try:
+        src, dst = (Path(os.fsdecode(os.fspath(a))) for a in args[:2])
+        _EVENTS.append(("rename", os.stat(src).st_ino, Path(os.path.realpath(src)), dst))
+    except (OSError, TypeError, ValueError):
+        pass
+
+
+def _watch_syncs(wrapper_code: Any) -> Any:
+    """A profile function noting every fsync that runs other than through ``os.fsync`` as the
+    check wraps it (a name imported before the check): a sync whose file the check cannot tell."""
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call" and _EVENTS is not None and frame.f_code is not wrapper_code \
+                and getattr(arg, "__name__", "") in ("fsync", "fdatasync"):
+            _EVENTS.append(("sync", None))
+    return profile
 
 
 def _step_in(path: Path) -> Any:
@@ -33,55 +79,73 @@ def _step_in(path: Path) -> Any:
 
 
 def _judge_save_atomically(answer: Any) -> str | None:
-    with tempfile.TemporaryDirectory() as folder:
-        target = Path(folder) / "snapshot.pt"
-        answer({"step": 1}, str(target))
-        if _step_in(target) != 1:
-            return "after save_atomically(state, path), torch.load(path) should give the state back"
-        events: list[tuple] = []  # ("sync", inode) and ("rename", inode, src, dst), in order
-        real_replace, real_rename, real_fsync = os.replace, os.rename, os.fsync
+    global _AUDITING
+    if not _AUDITING:  # an audit hook cannot be removed: one, idle outside this check, per session
+        sys.addaudithook(_audit)
+        _AUDITING = True
+    for name in _TARGETS:
+        # the answer runs in a scratch working folder of its own, so that what it writes under a
+        # relative name is cleaned up too (and is not beside the target)
+        with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as scratch, \
+                contextlib.chdir(scratch):
+            target = Path(folder) / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            hint = _atomic_saves(answer, target)
+        if hint:
+            return hint
+    return None
 
-        def renamed(real):
-            def rename(src, dst, *args, **kwargs):
-                events.append(("rename", os.stat(src).st_ino, Path(src), Path(dst)))
-                return real(src, dst, *args, **kwargs)
-            return rename
 
-        def fsync(fd):
-            events.append(("sync", os.fstat(fd).st_ino))
-            return real_fsync(fd)
+def _atomic_saves(answer: Any, target: Path) -> str | None:
+    global _EVENTS
+    answer({"step": 1}, str(target))
+    if _step_in(target) != 1:
+        return "after save_atomically(state, path), torch.load(path) should give the state back"
+    events: list[tuple] = []
+    real_fsync = os.fsync
 
-        with mock.patch.object(os, "replace", renamed(real_replace)), \
-                mock.patch.object(os, "rename", renamed(real_rename)), mock.patch.object(os, "fsync", fsync):
+    def fsync(fd):
+        events.append(("sync", os.fstat(fd).st_ino))
+        return real_fsync(fd)
+
+    found: list = []  # what the target held at the moment the third save died
+    previous = sys.getprofile()
+    _EVENTS = events
+    sys.setprofile(_watch_syncs(fsync.__code__))
+    try:
+        with mock.patch.object(os, "fsync", fsync):
             answer({"step": 2}, str(target))
             if _step_in(target) != 2:
                 return "a second save should replace the first: torch.load(path) gave the old state back"
             try:
-                answer({"step": 3, "payload": _DiesHalfWay()}, str(target))
+                answer({"step": 3, "payload": _DiesHalfWay(target, found)}, str(target))
             except Exception:  # noqa: BLE001, S110 - the simulated death is expected
                 pass
-        if _step_in(target) != 2:
-            return ("a save that died half-way destroyed the last good snapshot: writing over the "
-                    "file truncates it first. Write the new snapshot under another name, then put it "
-                    "in place in one step")
-        renames = [e for e in events if e[0] == "rename"]
-        if not renames:
-            return ("the new snapshot must take the old one's place in one atomic step: a rename "
-                    "(os.replace), not a copy")
-        if any(src.parent != target.parent for _, _, src, _ in renames):
-            return ("the temporary file is in another folder, perhaps on another file system, where "
-                    "a rename is no longer atomic (it becomes a copy): write it beside the target")
-        if not any(e[0] == "sync" for e in events):
-            return ("force the new file to disk (os.fsync) before the rename: after a crash the rename "
-                    "could otherwise be on disk before the data")
-        first = events.index(renames[0])
-        if not any(e == ("sync", renames[0][1]) for e in events[:first]):
-            return ("the new snapshot reached the disk only after the rename (or another file did): after "
-                    "a crash the name could point at a file whose data never arrived; force it first")
+    finally:
+        sys.setprofile(previous)
+        _EVENTS = None
+    if _step_in(target) != 2 or found[:1] != [2]:
+        return ("a save that died half-way destroyed the last good snapshot: at the moment it was killed, "
+                "the file under that name was already cut short or gone. Write the new snapshot under "
+                "another name, then put it in place in one step")
+    renames = [e for e in events if e[0] == "rename"]
+    if not renames:
+        return ("the new snapshot must take the old one's place in one atomic step: a rename "
+                "(os.replace), not a copy")
+    if any(src.parent != Path(os.path.realpath(target.parent)) for _, _, src, _ in renames):
+        return ("the temporary file is in another folder, perhaps on another file system, where "
+                "a rename is no longer atomic (it becomes a copy): write it beside the target")
+    if not any(e[0] == "sync" for e in events):
+        return ("force the new file to disk (os.fsync) before the rename: after a crash the rename "
+                "could otherwise be on disk before the data")
+    first = events.index(renames[0])
+    if not any(e in (("sync", renames[0][1]), ("sync", None)) for e in events[:first]):
+        return ("the new snapshot reached the disk only after the rename (or another file did): after "
+                "a crash the name could point at a file whose data never arrived; force it first")
     return None
 
 
-_BATCH, _SAMPLES, _RESUME_AT, _STEPS = 4, 24, 8, 15  # 6 batches per epoch; resume after step 8 of 15
+_BATCH, _SAMPLES, _STEPS = 4, 24, 15  # 6 batches per epoch, 15 steps in all
 
 
 def _job_data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,16 +177,24 @@ def _train(model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, batch
 
 
 def _judge_snapshot(answer: Any) -> str | None:
+    for resume_at in _RESUME_AFTER:
+        hint = _resumed(answer, resume_at)
+        if hint:
+            return hint
+    return None
+
+
+def _resumed(answer: Any, resume_at: int) -> str | None:
     with torch.random.fork_rng():  # the notebook's own random numbers stay as they were
         torch.manual_seed(1234)
         model, optimizer = _job()
-        epoch, batch = _train(model, optimizer, 0, 0, _RESUME_AT)
+        epoch, batch = _train(model, optimizer, 0, 0, resume_at)
         snapshot = answer(model, optimizer, epoch, batch)
         if not isinstance(snapshot, dict):
             return f"return a dict (what torch.save writes), not {type(snapshot).__name__}"
         saved = io.BytesIO()
         torch.save(snapshot, saved)  # now, as a job does: later steps must not change it
-        _train(model, optimizer, epoch, batch, _STEPS - _RESUME_AT)
+        _train(model, optimizer, epoch, batch, _STEPS - resume_at)
         uninterrupted = {k: v.clone() for k, v in model.state_dict().items()}
 
         torch.manual_seed(999)  # a fresh process: its own initial weights and random numbers
@@ -141,12 +213,15 @@ def _judge_snapshot(answer: Any) -> str | None:
         rng = loaded.get("rng")
         if isinstance(rng, int):
             return ("'rng' holds a seed: that says where the random numbers started, not where they "
-                    "stand after 8 steps")
+                    "stand after the steps already taken")
         if rng is not None:
             torch.set_rng_state(rng)
         if "epoch" not in loaded or "step_in_epoch" not in loaded:
             return "the snapshot needs the position: without it the resumed run starts epoch 0 again"
-        _train(model, optimizer, loaded["epoch"], loaded["step_in_epoch"], _STEPS - _RESUME_AT)
+        if (loaded["epoch"], loaded["step_in_epoch"]) != (epoch, batch):
+            return ("the position in the snapshot is not where the job stood when it saved (the check "
+                    "saves at several points): store the position the job is at, as it is given")
+        _train(model, optimizer, loaded["epoch"], loaded["step_in_epoch"], _STEPS - resume_at)
         resumed = model.state_dict()
     if all(torch.equal(resumed[k], v) for k, v in uninterrupted.items()):
         return None

@@ -6,7 +6,7 @@ from typing import Any
 
 from .core import load_bank
 
-__all__ = ["EXERCISES"]
+__all__ = ["CASES", "EXERCISES"]
 
 
 def _judge_zero1_fraction(answer: Any) -> str | None:
@@ -111,5 +111,11 @@ def _judge_choose(answer: Any) -> str | None:
                 "from DDP to FSDP, activations included, and keep the first that fits")
     return None
 
+
+CASES: dict[str, list[str]] = {
+    "09.1": ["zero1_2 against ddp_2, AdamW in fp32"],
+    "09.2": ["DDP on 2 ranks, a narrower model and fewer rows per step"],
+    "09.3": [f"{_call(args)}: parameters, GPU bytes, GPUs, activation bytes" for args in _CASES],
+}
 
 EXERCISES = load_bank(__name__)
