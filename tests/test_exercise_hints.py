@@ -11,6 +11,7 @@ hints is still needed.
 """
 
 import ast
+import functools
 import math
 import re
 
@@ -19,6 +20,13 @@ import pytest
 from course_utils.exercises import bank, find, run_source, verdict
 
 ALL = bank("all")
+
+
+@functools.cache
+def judged(key: str, source: str):
+    """The check's verdict on one answer source, judged once per test process: the two tests below
+    read the same listed wrong answers (in one module, so pytest-xdist keeps them on one worker)."""
+    return run_source(key, source)
 
 
 # ---------------------------------------------------------------------------------------- numbers
@@ -233,7 +241,7 @@ def _probes(value) -> list:
 
 def _hints(ex) -> list[tuple[str, str]]:
     """(answer, hint) for the listed wrong answers, the starter and the probes."""
-    found = [(src, run_source(ex.key, src).hint) for src, _ in ex.wrong]
+    found = [(src, judged(ex.key, src).hint) for src, _ in ex.wrong]
     found.append(("the starter", run_source(ex.key, ex.starter).hint))
     if ex.kind == "predict":
         for probe in _probes(_value(ex)):
@@ -250,6 +258,14 @@ def _value(ex, source: str | None = None):
     namespace: dict = {}
     exec(ex.context + "\n" + (ex.solution if source is None else source), namespace)
     return namespace[ex.answer]
+
+
+@pytest.mark.parametrize("ex", ALL, ids=[ex.key for ex in ALL])
+def test_every_listed_wrong_answer_gets_its_hint(ex):
+    for source, fragment in ex.wrong:
+        result = judged(ex.key, source)
+        assert result.status == "not yet", (source, str(result))
+        assert fragment in result.hint, (source, str(result))
 
 
 @pytest.mark.parametrize("ex", ALL, ids=[ex.key for ex in ALL])

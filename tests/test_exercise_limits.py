@@ -165,15 +165,6 @@ def test_time_on_ranks_and_in_untimed_blocks_does_not_count():
     assert "stopped" in verdict(ex, _loop).hint
 
 
-@pytest.mark.parametrize("ex", ALL, ids=[ex.key for ex in ALL])
-def test_a_right_answer_is_far_from_its_limit(ex):
-    """The reference solution's check uses at most a quarter of the limit, first call included
-    (a slower machine, or one busy with other work, must not cut a right answer off)."""
-    result = run_source(ex.key, ex.solution)
-    assert result.right, str(result)
-    assert time_limit._LAST.used < ex.time_limit / 4, (time_limit._LAST.used, ex.time_limit)
-
-
 def test_in_a_jupyter_kernel_the_alarm_stops_the_answer(tmp_path):
     """A notebook's cells run in the kernel's main thread, where SIGALRM can stop the answer; the
     kernel stays usable after the check."""

@@ -11,6 +11,7 @@ import nbformat
 import pytest
 
 from course_utils.exercises import Exercise, bank, check, core, find, load_bank, progress, run_source, verdict
+from course_utils.exercises import time_limit as limits
 from course_utils.exercises.edition import BANNER, answer_key, build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,9 +21,12 @@ IDS = [ex.key for ex in ALL]
 
 
 @pytest.mark.parametrize("ex", ALL, ids=IDS)
-def test_the_reference_solution_is_right(ex):
+def test_the_reference_solution_is_right_and_far_from_its_limit(ex):
+    """Right, and the check uses at most a quarter of the exercise's time limit, first call included
+    (a slower machine, or one busy with other work, must not cut a right answer off)."""
     result = run_source(ex.key, ex.solution)
     assert result.status == "right", str(result)
+    assert limits._LAST.used < ex.time_limit / 4, (limits._LAST.used, ex.time_limit)
 
 
 @pytest.mark.parametrize("ex", ALL, ids=IDS)
@@ -30,14 +34,6 @@ def test_the_starter_reads_not_attempted_and_fails_nothing(ex):
     result = run_source(ex.key, ex.starter)
     assert result.status == "not attempted yet", str(result)
     assert not result.right
-
-
-@pytest.mark.parametrize("ex", ALL, ids=IDS)
-def test_every_listed_wrong_answer_gets_its_hint(ex):
-    for source, fragment in ex.wrong:
-        result = run_source(ex.key, source)
-        assert result.status == "not yet", (source, str(result))
-        assert fragment in result.hint, (source, str(result))
 
 
 @pytest.mark.parametrize("ex", ALL, ids=IDS)
