@@ -101,7 +101,8 @@ def slurm_script(
 
 set -euo pipefail
 # The first node of the allocation hosts the rendezvous; every agent is told its address.
-head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# (sed reads the whole list: `head -n 1` could end scontrol with SIGPIPE, fatal under pipefail)
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 {interface}export NCCL_DEBUG=WARN                 # INFO while bringing a cluster up
 # A restart meets in a fresh store: the agents' restart counts can differ between nodes.
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
