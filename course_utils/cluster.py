@@ -111,7 +111,8 @@ mkdir -p logs
 
 # Near the time limit, requeue: Slurm stops the job as it stops a preempted one (SIGTERM to
 # every process, SIGKILL after KillWait), and the next run resumes from the last snapshot.
-trap 'echo "time limit near: requeueing"; scontrol requeue "$SLURM_JOB_ID"' USR1
+requeued=0
+trap 'requeued=1; echo "time limit near: requeueing"; scontrol requeue "$SLURM_JOB_ID"' USR1
 
 # srun gets the CPUs itself: since Slurm 22.05 it does not take --cpus-per-task from sbatch.
 srun --cpus-per-task={cpus} torchrun \\
@@ -126,9 +127,9 @@ srun --cpus-per-task={cpus} torchrun \\
 agents=$!
 status=0
 wait "$agents" || status=$?
-while kill -0 "$agents" 2>/dev/null; do  # the trap ended the wait, not srun: wait again
+if [ "$requeued" = 1 ]; then  # the trap ended that wait, not srun: wait for srun itself
     status=0
     wait "$agents" || status=$?
-done
+fi
 exit "$status"
 """
