@@ -2,8 +2,10 @@
 sharded strategies of notebook 08 are in ``sharding.sharded_ledger``).
 
 ``ledger(spec, strategy, batch_size=..., num_devices=...)`` counts, per device, the bytes held
-at the peak of a training step (the start of backward, when the activations, the outputs and the
-loss's saved tensors all coexist with the model state):
+at the start of backward, when the activations, the outputs and the loss's saved tensors all
+coexist with the model state, with the gradients counted whole although ``zero_grad()`` has set
+them to None and backward creates them as it frees the activations: the totals overstate the
+true peak (by up to the gradients' bytes), the differences between devices hold:
 
 ============== ==================================================================================
 parameters      the model (DataParallel: the original on device 0, a replica on every device)

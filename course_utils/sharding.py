@@ -2,7 +2,9 @@
 are in :mod:`course_utils.sharded_runs` (and importable from here, as the notebook does).
 
 Memory per rank for Ψ parameters on N ranks, with p, g bytes per parameter and gradient element
-and K bytes of optimizer state per parameter (fp32 Adam: 4, 4, 8; mixed precision: 2, 2, 12):
+and K bytes of optimizer state per parameter (``BYTES_PER_PARAMETER``: Adam in fp32, or mixed
+precision with ``torch.autocast`` or FSDP2's ``MixedPrecisionPolicy``, 4, 4, 8; DeepSpeed's and
+Apex O2's 16-bit parameters with an fp32 master copy, the ZeRO paper's count, 2, 2, 12):
 
 ========= ============== ============== ===============
 strategy  parameters     gradients      optimizer state
@@ -44,6 +46,7 @@ from .sharded_runs import (
 from .zero import shard_numel
 
 __all__ = [
+    "BYTES_PER_PARAMETER",
     "PASSES",
     "SHARDED",
     "ShardedLedger",
@@ -63,6 +66,13 @@ __all__ = [
     "train_single",
     "zero_by_hand_rank",
 ]
+
+#: accounting -> bytes per parameter of (parameters, gradients, AdamW's state) that stay in memory.
+#: ``torch.autocast`` and FSDP2's ``MixedPrecisionPolicy`` keep the parameters, their gradients and
+#: both moments in fp32 (the 16-bit copies live for one forward or one layer: transient), so mixed
+#: precision as this course runs it holds what fp32 holds. DeepSpeed's fp16/bf16 modes and Apex O2
+#: store 16-bit parameters and gradients and keep an fp32 master copy beside the two moments.
+BYTES_PER_PARAMETER = {"fp32": (4, 4, 8), "autocast": (4, 4, 8), "master_weights": (2, 2, 12)}
 
 #: strategy -> (parameters, gradients, optimizer state) sharded?
 SHARDED = {"ddp": (False, False, False), "zero1": (False, False, True), "zero2": (False, True, True),
@@ -136,16 +146,23 @@ class ShardedLedger(Ledger):
 
 
 def sharded_ledger(spec: ModelSpec, strategy: str, *, batch_size: int, num_devices: int,
-                   mixed_precision: bool = False) -> Ledger:
+                   mixed_precision: bool | str = False) -> Ledger:
     """Notebook 04's DDP ledger with the model state of ``strategy``; activations unchanged.
 
-    ``mixed_precision``: 2-byte parameters and gradients, 12 bytes of Adam state per parameter
-    (an fp32 master copy and two fp32 moments): the (2 + 2 + K)Ψ of the ZeRO paper, K = 12.
+    ``mixed_precision`` names an accounting of ``BYTES_PER_PARAMETER``: ``"autocast"`` (what
+    ``torch.autocast`` and FSDP2 keep: 4 + 4 + 8 bytes, notebooks 06 and 09) or
+    ``"master_weights"`` (DeepSpeed, Apex O2: 2 + 2 + 12, the ZeRO paper's (2 + 2 + K)Ψ with
+    K = 12). ``True`` is ``"master_weights"`` (notebook 08 follows the paper); ``False``, fp32.
     Activations, inputs and outputs are counted in fp32 either way. No DDP buckets except DDP's.
     """
     _check_strategy(strategy)
+    if mixed_precision is True or mixed_precision is False:
+        mixed_precision = "master_weights" if mixed_precision else "fp32"
+    if mixed_precision not in BYTES_PER_PARAMETER:
+        raise ValueError(f"mixed_precision must be True, False or one of {tuple(BYTES_PER_PARAMETER)}, "
+                         f"got {mixed_precision!r}")
     base = ledger(spec, "ddp", batch_size=batch_size, num_devices=num_devices)
-    sizes = (2, 2, 12) if mixed_precision else (4, 4, 8)
+    sizes = BYTES_PER_PARAMETER[mixed_precision]
     psi, n = spec.parameters, num_devices
     rows = []
     for row in base.rows:

@@ -55,16 +55,27 @@ def _judge_small(answer: Any) -> str | None:
     return "the compute per step falls far more than the communication: the ratio moves"
 
 
-_STATE = {  # bytes per GPU of the model state under mixed-precision Adam (notebook 08's ledger)
+# bytes per GPU of the model state under AdamW with torch.autocast or FSDP2's mixed precision, the
+# accounting of notebook 09's ledger (sharding.BYTES_PER_PARAMETER["autocast"]): parameters,
+# gradients and both moments stay fp32, 4 + 4 + 8 bytes per parameter
+_STATE = {
+    "ddp": lambda psi, n: 16 * psi,
+    "zero2": lambda psi, n: 4 * psi + (4 + 8) * psi / n,
+    "fsdp": lambda psi, n: 16 * psi / n,
+}
+# DeepSpeed's and Apex O2's accounting (16-bit parameters and gradients, an fp32 master copy
+# beside the moments: 2 + 2 + 12): a wrong answer here, since the course's recipe keeps fp32
+_MASTER_WEIGHTS = {
     "ddp": lambda psi, n: 16 * psi,
     "zero2": lambda psi, n: 2 * psi + (2 + 12) * psi / n,
     "fsdp": lambda psi, n: 16 * psi / n,
 }
 
 
-def _choose(parameters: float, gpu_bytes: float, gpus: int, activation_bytes: float) -> str:
-    return next((s for s, state in _STATE.items() if state(parameters, gpus) + activation_bytes <= gpu_bytes),
-                "none")
+def _choose(parameters: float, gpu_bytes: float, gpus: int, activation_bytes: float,
+            state_bytes: dict = _STATE) -> str:
+    return next((s for s, state in state_bytes.items()
+                 if state(parameters, gpus) + activation_bytes <= gpu_bytes), "none")
 
 
 _CASES = [  # (parameters, gpu bytes, gpus, activation bytes)
@@ -73,7 +84,8 @@ _CASES = [  # (parameters, gpu bytes, gpus, activation bytes)
     (30e9, 80e9, 8, 10e9),  # fsdp
     (70e9, 80e9, 8, 10e9),  # none
     (4e9, 80e9, 8, 30e9),  # zero2: the model state alone would fit DDP, not with the activations
-    (15e9, 80e9, 8, 10e9),  # zero2: fits ZeRO-2 (66 GB), not ZeRO-1 (92.5 GB)
+    (10e9, 80e9, 8, 10e9),  # zero2: fits ZeRO-2 (65 GB), not ZeRO-1 (100 GB)
+    (15e9, 80e9, 8, 10e9),  # fsdp: ZeRO-2 needs 92.5 GB here (66.25 GB with a 2-byte master-copy count)
     (3e9, 40e9, 8, 5e9),  # zero2 on a 40 GB GPU
     (10e9, 80e9, 2, 10e9),  # none on 2 GPUs
     (40e9, 80e9, 64, 10e9),  # fsdp on 64 GPUs
@@ -95,7 +107,11 @@ def _judge_choose(answer: Any) -> str | None:
         call = _call(args)
         if right == "zero2" and got == "ddp" and _STATE["ddp"](psi, n) <= gpu:
             return "the model state fits DDP here, but the activations need room too: add them"
-        if right == "zero2" and got in ("fsdp", "none") and 4 * psi + 12 * psi / n + act > gpu:
+        if got == _choose(*args, state_bytes=_MASTER_WEIGHTS):
+            return (f"{call} gave {got!r}: that counts 2-byte parameters and gradients beside an fp32 "
+                    "master copy, DeepSpeed's and Apex O2's accounting; with torch.autocast or FSDP2's "
+                    "mixed precision the parameters and their gradients stay fp32")
+        if right == "zero2" and got in ("fsdp", "none") and 8 * psi + 8 * psi / n + act > gpu:
             return ("your ZeRO-2 figure is ZeRO-1's: stage 2 shards more than the optimizer's state, "
                     "so it fits here")
         if got == _choose(psi, 80e9, n, act) and gpu != 80e9:
