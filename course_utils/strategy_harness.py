@@ -5,7 +5,7 @@ in fresh processes, and returns per strategy: time per step, samples per second,
 device (CUDA: ``max_memory_allocated``; CPU: each process's peak resident memory) and the model
 state each process holds (parameters, gradients, optimizer state, counted from its tensors).
 ``measure_loader`` times a ``DataLoader`` with more and more workers. ``make bench``
-(:mod:`course_utils.bench`) uses the same harness.
+(:mod:`course_utils.tools.bench`) uses the same harness.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ import nbformat
 import pytest
 
 from course_utils import REPO
-from course_utils.nbtools import (
+from course_utils.tools.nbtools import (
     SETUP_SOURCE,
     badge_markdown,
     clean_metadata,

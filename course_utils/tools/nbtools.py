@@ -2,9 +2,9 @@
 
 Used by ``make execute`` and by the tests; learners never need it.
 
-    python -m course_utils.nbtools execute notebooks/*.ipynb   # refresh stored outputs
-    python -m course_utils.nbtools sync notebooks/*.ipynb      # rewrite badge + set-up cell
-    python -m course_utils.nbtools check notebooks/*.ipynb     # hygiene report, exit 1 on problems
+    python -m course_utils.tools.nbtools execute notebooks/*.ipynb   # refresh stored outputs
+    python -m course_utils.tools.nbtools sync notebooks/*.ipynb      # rewrite badge + set-up cell
+    python -m course_utils.tools.nbtools check notebooks/*.ipynb     # hygiene report, exit 1 on problems
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import BRANCH, REPO
+from .. import BRANCH, REPO
 
 __all__ = [
     "SETUP_SOURCE",
@@ -215,7 +215,7 @@ def hygiene_problems(path: str | Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_utils.nbtools", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m course_utils.tools.nbtools", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["execute", "sync", "check"])
     parser.add_argument("notebooks", nargs="+", type=Path)
