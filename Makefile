@@ -9,10 +9,10 @@ STAMP  := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit nbval stress execute lab preflight solutions lint bench gpu-check compat editions clean
+.PHONY: help install test unit nbval stress execute lab lab-refresh preflight solutions lint bench gpu-check compat editions clean
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
 install: $(STAMP) ## Create .venv with the exact pins and course_utils (editable)
 
@@ -44,9 +44,15 @@ stress: $(STAMP) ## the tests marked stress: repeated launches and torchrun rest
 execute: $(STAMP) ## Re-run every notebook in place (clean CPU run) to refresh stored outputs
 	$(BIN)/python -m course_utils.tools.nbtools execute $(NOTEBOOKS)
 
+# JupyterLab saves the outputs of every run into the notebook: it opens lab/, a git-ignored copy of
+# notebooks/ (course_utils/tools/lab.py), so a learner's runs never change the tracked notebooks.
 # Cloud GPU boxes and containers run as root, where Jupyter refuses to start without --allow-root.
-lab: $(STAMP) ## Open the course in JupyterLab (as root too: cloud boxes and containers)
-	$(BIN)/python -m jupyter lab $$([ "$$(id -u)" = 0 ] && echo --allow-root) notebooks/
+lab: $(STAMP) ## Open the course in JupyterLab, from lab/: your copy of notebooks/, which git ignores
+	$(BIN)/python -m course_utils.tools.lab
+	$(BIN)/python -m jupyter lab $$([ "$$(id -u)" = 0 ] && echo --allow-root) lab/
+
+lab-refresh: $(STAMP) ## Make lab/ a fresh copy of the course's notebooks (the old copy moves to lab.previous/)
+	$(BIN)/python -m course_utils.tools.lab --refresh
 
 preflight: $(STAMP) ## Before a workshop: check this machine runs the course (prints READY)
 	$(BIN)/python -m course_utils.tools.preflight
