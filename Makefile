@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit nbval nbval-portable stress execute lab preflight solutions lint bench gpu-check compat editions clean
+.PHONY: help install test unit nbval nbval-portable stress execute lab lab-refresh preflight solutions lint bench gpu-check compat editions clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -48,35 +48,41 @@ stress: $(STAMP) ## the tests marked stress: repeated launches and torchrun rest
 	$(BIN)/python -m pytest -m stress tests
 
 execute: $(STAMP) ## Re-run every notebook in place (clean CPU run) to refresh stored outputs
-	$(BIN)/python -m course_utils.nbtools execute $(NOTEBOOKS)
+	$(BIN)/python -m course_utils.tools.nbtools execute $(NOTEBOOKS)
 
+# JupyterLab saves the outputs of every run into the notebook: it opens lab/, a git-ignored copy of
+# notebooks/ (course_utils/tools/lab.py), so a learner's runs never change the tracked notebooks.
 # Cloud GPU boxes and containers run as root, where Jupyter refuses to start without --allow-root.
-lab: $(STAMP) ## Open the course in JupyterLab (as root too: cloud boxes and containers)
-	$(BIN)/python -m jupyter lab $$([ "$$(id -u)" = 0 ] && echo --allow-root) notebooks/
+lab: $(STAMP) ## Open the course in JupyterLab, from lab/: your copy of notebooks/, which git ignores
+	$(BIN)/python -m course_utils.tools.lab
+	$(BIN)/python -m jupyter lab $$([ "$$(id -u)" = 0 ] && echo --allow-root) lab/
+
+lab-refresh: $(STAMP) ## Make lab/ a fresh copy of the course's notebooks (the old copy moves to lab.previous/)
+	$(BIN)/python -m course_utils.tools.lab --refresh
 
 preflight: $(STAMP) ## Before a workshop: check this machine runs the course (prints READY)
-	$(BIN)/python -m course_utils.preflight
+	$(BIN)/python -m course_utils.tools.preflight
 
 solutions: $(STAMP) ## Generate the solutions edition in solutions/ from course_utils/exercises (instructors)
 	$(BIN)/python -m course_utils.exercises.edition solutions/ --execute
 
 bench: $(STAMP) ## Print the performance figures (DDP scaling, ring vs gloo, launch vs torchrun, DP overhead)
-	$(BIN)/python -m course_utils.bench
+	$(BIN)/python -m course_utils.tools.bench
 
 gpu-check: $(STAMP) ## On a GPU machine: the gpu tests and every notebook on the GPUs; writes gpu-check-report.md
-	$(BIN)/python -m course_utils.gpu_check
+	$(BIN)/python -m course_utils.tools.gpu_check
 
 # Colab's torch by default; `make compat TORCH=2.13.0` checks another release. No stamp: the
 # environment in .compat/ is reused, and the course is reinstalled from this checkout every time.
 TORCH ?= 2.11.0
 compat: ## Every notebook, every solution and the launch tests on another torch (TORCH=2.11.0, Colab's)
-	$(PYTHON) -m course_utils.compat_check --torch $(TORCH)
+	$(PYTHON) -m course_utils.tools.compat_check --torch $(TORCH)
 
 # The Korean, Japanese and Chinese editions (notebooks/ko, ja, zh) from the English notebooks and
 # the PO files: a changed English cell keeps its translation, flagged fuzzy; a new cell gets an
 # empty entry. Run it after editing an English notebook; tests/test_editions.py fails until then.
 editions: $(STAMP) ## Update the PO files from the English notebooks and rebuild notebooks/ko, ja, zh
-	$(BIN)/python -m course_utils.editions
+	$(BIN)/python -m course_utils.tools.editions
 
 lint: $(STAMP) ## ruff over the package, the tests and the notebooks
 	$(BIN)/python -m ruff check .

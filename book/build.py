@@ -45,7 +45,7 @@ OUT = ROOT / "_book"
 sys.path.insert(0, str(ROOT))
 
 from course_utils import BRANCH, REPO  # noqa: E402  (cheap: no torch)
-from course_utils.editions import LANGUAGES  # noqa: E402  (cheap: polib only when PO files are read)
+from course_utils.tools.editions import LANGUAGES  # noqa: E402  (cheap: polib only when PO files are read)
 
 REFERENCES = "References"
 ENGLISH = "en"
@@ -73,7 +73,7 @@ def course_notebooks(root: Path = ROOT) -> list[Path]:
 
 def edition_languages(root: Path = ROOT) -> list[str]:
     """The translated editions on disk: ``notebooks/<lang>/`` folders with notebooks, in the order
-    of course_utils.editions.LANGUAGES (Korean, Japanese, Chinese), any other after them."""
+    of course_utils.tools.editions.LANGUAGES (Korean, Japanese, Chinese), any other after them."""
     folder = root / "notebooks"
     found = [d.name for d in folder.iterdir() if d.is_dir() and any(d.glob(NOTEBOOK_GLOB))] \
         if folder.is_dir() else []

@@ -7,7 +7,7 @@ cheap: it does not import torch's heavier parts and never initialises CUDA.
 __version__ = "0.1.0"
 
 #: The one place that names the course's repository. The Colab badges and the set-up cell of
-#: every notebook are built from it (``python -m course_utils.nbtools sync``), and a test keeps
+#: every notebook are built from it (``python -m course_utils.tools.nbtools sync``), and a test keeps
 #: them in step.
 #: ``BRANCH`` is the git ref that a notebook opens from (its badge) and installs (its set-up
 #: cell), so that a notebook always installs the helpers of its own version: a release sets it

@@ -1,7 +1,7 @@
 """The four DataParallel primitives for whichever devices they are given (notebooks 03 and 04).
 
 On CUDA devices they hand the work to ``torch.nn.parallel``; on simulated devices they run
-``course_utils.by_hand``'s (notebook 03). Either way each notes the bytes it leaves on a device
+``course_utils.sim_primitives``' (notebook 03). Either way each notes the bytes it leaves on a device
 for ``record_memory`` (notebook 04), so that notebook 04 can compare the emulation with its
 memory ledger: ``scatter_kwargs`` the inputs (the first device holds the whole input, of which its
 chunk is a view), ``replicate`` the replicas' parameters, ``gather`` the outputs.
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import by_hand
+from . import sim_primitives
 from .simulated import Device, SimDevice, note_memory, recording, tensors_in
 
 __all__ = ["gather", "parallel_apply", "replicate", "scatter_kwargs"]
@@ -34,7 +34,7 @@ def scatter_kwargs(inputs: tuple, kwargs: dict | None, devices: Sequence[Device]
         for device, args, kw in zip(devices, *scattered, strict=False):
             note_memory(device, "inputs", (args, kw), whole_storage=True)  # a view: its storage
         return scattered
-    scattered = by_hand.scatter_kwargs(inputs, kwargs, devices, dim)
+    scattered = sim_primitives.scatter_kwargs(inputs, kwargs, devices, dim)
     note_memory(devices[0], "inputs", (inputs, kwargs))  # its chunk is a view of the whole input
     for device, args, kw in zip(devices[1:], scattered[0][1:], scattered[1][1:], strict=False):
         note_memory(device, "inputs", (args, kw))
@@ -46,7 +46,7 @@ def replicate(module: nn.Module, devices: Sequence[Device], detach: bool = False
     if _on_gpus(devices):
         replicas = torch.nn.parallel.replicate(module, [d.index for d in devices], detach)
     else:
-        replicas = by_hand.replicate(module, devices, detach)
+        replicas = sim_primitives.replicate(module, devices, detach)
     if recording():
         for device, replica in zip(devices, replicas, strict=True):
             unique = {id(t): t for m in replica.modules() for t in m._former_parameters.values()
@@ -61,7 +61,7 @@ def parallel_apply(replicas: Sequence[nn.Module], inputs: Sequence[Any],
     if _on_gpus(devices):
         return torch.nn.parallel.parallel_apply(list(replicas), list(inputs), kwargs_tup,
                                                 [d.index for d in devices])
-    return by_hand.parallel_apply(replicas, inputs, kwargs_tup, devices)
+    return sim_primitives.parallel_apply(replicas, inputs, kwargs_tup, devices)
 
 
 def gather(outputs: Sequence[Any], output_device: Device, dim: int = 0) -> Any:
@@ -70,7 +70,7 @@ def gather(outputs: Sequence[Any], output_device: Device, dim: int = 0) -> Any:
     if any(t.device.type == "cuda" for t in tensors_in(outputs)):
         result = torch.nn.parallel.gather(outputs, "cpu" if to_cpu else output_device.index, dim)
     else:
-        result = by_hand.gather(outputs, output_device, dim)
+        result = sim_primitives.gather(outputs, output_device, dim)
     note_memory(output_device, "outputs", result)
     return result
 

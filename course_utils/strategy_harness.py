@@ -5,7 +5,7 @@ in fresh processes, and returns per strategy: time per step, samples per second,
 device (CUDA: ``max_memory_allocated``; CPU: each process's peak resident memory) and the model
 state each process holds (parameters, gradients, optimizer state, counted from its tensors).
 ``measure_loader`` times a ``DataLoader`` with more and more workers. ``make bench``
-(:mod:`course_utils.bench`) uses the same harness.
+(:mod:`course_utils.tools.bench`) uses the same harness.
 """
 
 from __future__ import annotations
@@ -175,9 +175,8 @@ def measure_strategies(size: str = "small", *, strategies: Sequence[str] = STRAT
     ``nn.Linear`` a unit) N processes, one GPU or one CPU thread each. ``ddp_2_amp`` adds
     autocast (fp16 with a GradScaler on GPUs, bf16 on the CPU). Records say where they ran.
     """
-    from tqdm import tqdm  # a text bar updated every step: in a stored notebook it reads 100%
-
     from .distributed import launch
+    from .progress_bars import tqdm  # a widget in JupyterLab; in a stored notebook, text reading 100%
 
     if size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
@@ -227,9 +226,9 @@ def measure_loader(num_workers: Sequence[int] = (0, 1, 2, 4), *, work: str = "io
     import warnings
 
     from torch.utils.data import DataLoader
-    from tqdm import tqdm  # a text bar updated every step: in a stored notebook it reads 100%
 
     from .data import SlowDataset
+    from .progress_bars import tqdm  # a widget in JupyterLab; in a stored notebook, text reading 100%
 
     if not num_workers or any(isinstance(w, bool) or not isinstance(w, int) or w < 0
                               for w in num_workers):

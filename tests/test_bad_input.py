@@ -20,11 +20,9 @@ from torch import nn
 
 from course_utils import (
     amp,
-    bench,
     by_hand,
     cluster,
     collectives,
-    compat_check,
     data,
     ddp_train,
     devices,
@@ -33,7 +31,6 @@ from course_utils import (
     dp_evidence,
     env,
     exercises,
-    gpu_check,
     hangs,
     memory,
     models,
@@ -43,11 +40,13 @@ from course_utils import (
     simulated,
     snapshots,
     splits,
+    strategy_harness,
     torchrun,
     training_bugs,
     zero,
 )
 from course_utils.exercises import edition
+from course_utils.tools import bench, compat_check, gpu_check
 
 lin = nn.Linear(4, 2)
 
@@ -60,7 +59,7 @@ def memory_spec():
 #: I/O and exercise checks. Every one has a case below, and only these do.
 ENTRY_POINTS = (
     "amp.autocast", "amp.grad_scaler", "amp.output_dtypes", "amp.train_step",
-    "bench.measure_loader", "bench.measure_strategies",
+    "strategy_harness.measure_loader", "strategy_harness.measure_strategies",
     "by_hand.DataParallelByHand", "by_hand.data_parallel",
     "cluster.slurm_script",
     "collectives.ring_bytes_per_rank", "collectives.check_ring_all_reduce",
@@ -99,19 +98,19 @@ CASES = [
      TypeError, 'model must be an nn.Module'),
     ('amp.output_dtypes inputs', lambda: amp.output_dtypes(lin, [1, 2], "bf16"),
      TypeError, 'inputs must be a tensor'),
-    ('bench.measure_loader workers', lambda: bench.measure_loader((-1,)),
+    ('strategy_harness.measure_loader workers', lambda: strategy_harness.measure_loader((-1,)),
      ValueError, 'num_workers must be a non-empty list of ints'),
-    ('bench.measure_loader empty', lambda: bench.measure_loader(()),
+    ('strategy_harness.measure_loader empty', lambda: strategy_harness.measure_loader(()),
      ValueError, 'num_workers must be a non-empty list of ints'),
-    ('bench.measure_loader work', lambda: bench.measure_loader((0,), work="gpu"),
+    ('strategy_harness.measure_loader work', lambda: strategy_harness.measure_loader((0,), work="gpu"),
      ValueError, "work must be 'io' or 'cpu'"),
-    ('bench.measure_strategies size', lambda: bench.measure_strategies("huge"),
+    ('strategy_harness.measure_strategies size', lambda: strategy_harness.measure_strategies("huge"),
      ValueError, "size must be one of ['large', 'medium', 'smal"),
-    ('bench.measure_strategies strategy', lambda: bench.measure_strategies(strategies=("zero",)),
+    ('strategy_harness.measure_strategies strategy', lambda: strategy_harness.measure_strategies(strategies=("zero",)),
      ValueError, 'strategies must be a non-empty list drawn fro'),
-    ('bench.measure_strategies empty', lambda: bench.measure_strategies(strategies=()),
+    ('strategy_harness.measure_strategies empty', lambda: strategy_harness.measure_strategies(strategies=()),
      ValueError, 'strategies must be a non-empty list drawn fro'),
-    ('bench.measure_strategies steps', lambda: bench.measure_strategies(steps=0),
+    ('strategy_harness.measure_strategies steps', lambda: strategy_harness.measure_strategies(steps=0),
      ValueError, 'steps must be an int >= 1'),
     ('by_hand.DataParallelByHand module', lambda: by_hand.DataParallelByHand("m", [0]),
      TypeError, 'module must be an nn.Module'),

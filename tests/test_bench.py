@@ -2,30 +2,31 @@ import re
 
 import pytest
 
-from course_utils import bench
+from course_utils import strategy_harness
+from course_utils.tools import bench
 
 
 def test_machine_description():
-    text = bench.machine_description()
+    text = strategy_harness.machine_description()
     assert "cores" in text and "PyTorch" in text
 
 
 def test_measure_strategies_returns_one_record_each():
     strategies = ("single", "dp", "parallel_criterion", "ddp_2", "ddp_2_amp", "zero1_2", "fsdp_2")
-    records = bench.measure_strategies("tiny", strategies=strategies, steps=2, progress=False)
+    records = strategy_harness.measure_strategies("tiny", strategies=strategies, steps=2, progress=False)
     assert [r["strategy"] for r in records] == list(strategies)
     for r in records:
         assert set(r) == {"strategy", "processes", "devices", "on_gpu", "where", "global_batch",
                           "step_time_s", "samples_per_s", "peak_memory_mb", "model_state_mb",
                           "memory_kind"}
         assert r["samples_per_s"] == pytest.approx(r["global_batch"] / r["step_time_s"])
-        assert r["global_batch"] == 2 * bench.SIZES["tiny"][1]
+        assert r["global_batch"] == 2 * strategy_harness.SIZES["tiny"][1]
         assert len(r["peak_memory_mb"]) == (r["processes"] if not r["on_gpu"] else r["devices"])
         assert len(r["model_state_mb"]) == r["processes"]
     assert records[3]["processes"] == 2 and records[1]["devices"] == 2
     # the model state each process holds, counted from its tensors: AdamW keeps 2 moments
     state = {r["strategy"]: r["model_state_mb"] for r in records}
-    width = bench.SIZES["tiny"][0]
+    width = strategy_harness.SIZES["tiny"][0]
     psi = 3 * (width * width + width) + width * 10 + 10
     assert state["single"] == state["ddp_2"][:1] == [4 * psi * 4 / 2**20]
     assert sum(state["fsdp_2"]) == pytest.approx(state["single"][0])  # ZeRO-3: everything split
@@ -42,7 +43,7 @@ def test_measure_strategies_returns_one_record_each():
 ])
 def test_measure_strategies_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        bench.measure_strategies(**{"size": "tiny", **kwargs})
+        strategy_harness.measure_strategies(**{"size": "tiny", **kwargs})
 
 
 def test_make_bench_prints_every_figure(capsys):
@@ -67,12 +68,12 @@ def test_make_bench_prints_every_figure(capsys):
 
 
 def test_measure_loader_times_every_worker_count():
-    result = bench.measure_loader((0, 2), work="cpu", seconds_per_sample=0.002, samples=16,
+    result = strategy_harness.measure_loader((0, 2), work="cpu", seconds_per_sample=0.002, samples=16,
                                   batch_size=4, progress=False)
     assert result["num_workers"] == [0, 2] and len(result["epoch_s"]) == 2
     # without workers, one epoch does every sample's 2 ms of work in this process, one by one
     assert result["epoch_s"][0] >= 16 * 0.002 and result["first_epoch_s"][0] >= 16 * 0.002
     with pytest.raises(ValueError, match="num_workers"):
-        bench.measure_loader((-1,))
+        strategy_harness.measure_loader((-1,))
     with pytest.raises(ValueError, match="num_workers"):
-        bench.measure_loader(())
+        strategy_harness.measure_loader(())

@@ -49,10 +49,10 @@ def png(width: int = 24, height: int = 16) -> bytes:
 
 
 def notebook(name: str, title: str, *, figure: bool = False, lang: str | None = None) -> str:
-    from course_utils.nbtools import badge_markdown
+    from course_utils.tools.nbtools import badge_markdown
 
     badge = badge_markdown(name)
-    if lang:  # an edition's badge opens the edition's notebook (course_utils.editions)
+    if lang:  # an edition's badge opens the edition's notebook (course_utils.tools.editions)
         badge = badge.replace("/blob/main/notebooks/", f"/blob/main/notebooks/{lang}/")
     not_attempted = ("\u00b7 Exercise 00.1 (predict): not attempted yet. Replace the ... in the answer "
                      "cell with your prediction, run it, then run this check cell again to see it.\n")
@@ -109,7 +109,7 @@ def course(book, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("course")
     (root / "notebooks" / "ko").mkdir(parents=True)
     (root / "notebooks" / "ja").mkdir(parents=True)
-    from course_utils.nbtools import badge_markdown
+    from course_utils.tools.nbtools import badge_markdown
 
     (root / "README.md").write_text(README.format(badge=badge_markdown("00_first.ipynb")), encoding="utf-8")
     (root / "notebooks" / "00_first.ipynb").write_text(notebook("00_first.ipynb", "00 · First"))

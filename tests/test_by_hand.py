@@ -332,3 +332,36 @@ def test_record_memory_counts_what_a_device_holds_alike_on_both_paths():
         data_parallel(nn.Linear(4, 1), x, sim_devices(2))
     assert record.bytes("cuda:0", "inputs") == x.nbytes == simulated.bytes("sim:0", "inputs")
     assert record.bytes("cuda:1", "inputs") == x.nbytes // 2 == simulated.bytes("sim:1", "inputs")
+
+
+# ----------------------------------------------------------------------------- imports
+
+
+def _course_imports(module) -> set[str]:
+    """The course_utils modules that ``module`` imports anywhere in its source, inside functions too."""
+    import ast
+    import inspect
+
+    package = module.__name__.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package if not node.module else f"{package}.{node.module}"
+            found |= {base} if node.module else {f"{package}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            found |= {node.module} if isinstance(node, ast.ImportFrom) else {a.name for a in node.names}
+    return {name for name in found if name and name.startswith("course_utils")}
+
+
+def test_the_imports_run_one_way_from_the_composition_to_the_primitives():
+    """by_hand composes the primitives through dp_primitives, which dispatches to sim_primitives:
+    the lesson's primitives import neither, and the dispatcher does not import the composition."""
+    from course_utils import by_hand, dp_primitives, sim_primitives
+
+    assert {"course_utils.dp_primitives", "course_utils.sim_primitives"} <= _course_imports(by_hand)
+    assert "course_utils.sim_primitives" in _course_imports(dp_primitives)
+    assert "course_utils.by_hand" not in _course_imports(dp_primitives)
+    assert _course_imports(sim_primitives) & {"course_utils.by_hand", "course_utils.dp_primitives"} == set()
+    # what notebook 03 shows as the four steps is the primitives' own code, not the dispatcher's
+    assert [f.__module__ for f in (by_hand.scatter, by_hand.replicate, by_hand.parallel_apply,
+                                   by_hand.gather)] == ["course_utils.sim_primitives"] * 4

@@ -186,7 +186,7 @@ def test_the_release_check_runs_from_an_empty_folder_of_its_own(monkeypatch, tmp
     import tempfile
     from pathlib import Path
 
-    from course_utils import compat_check
+    from course_utils.tools import compat_check
 
     seen = {}
 

@@ -13,9 +13,11 @@ from device_audit import DeviceAudit, audited
 from torch import nn
 
 import course_utils
-from course_utils import bench, devices, training_bugs
+from course_utils import devices, training_bugs
 from course_utils.ddp_train import TrainConfig
 from course_utils.distributed import launch
+from course_utils.strategy_harness import STRATEGIES, strategy_placement
+from course_utils.tools import bench
 
 
 @pytest.fixture(autouse=True)
@@ -84,16 +86,16 @@ def test_emulated_nodes_with_two_ranks_each_get_two_gpus(monkeypatch):
 
 
 @pytest.mark.parametrize(("strategies", "gpus", "nccl", "where", "expected"), [
-    (bench.STRATEGIES, 0, True, "auto", "cpu"),
-    (bench.STRATEGIES, 1, True, "auto", "cpu"),    # one GPU: dp and ddp_2 need two, so all on the CPU
+    (STRATEGIES, 0, True, "auto", "cpu"),
+    (STRATEGIES, 1, True, "auto", "cpu"),    # one GPU: dp and ddp_2 need two, so all on the CPU
     (("single", "ddp_1"), 1, True, "auto", "gpu"),
-    (bench.STRATEGIES, 2, True, "auto", "gpu"),
-    (bench.STRATEGIES, 2, False, "auto", "cpu"),   # DDP on GPUs needs NCCL
+    (STRATEGIES, 2, True, "auto", "gpu"),
+    (STRATEGIES, 2, False, "auto", "cpu"),   # DDP on GPUs needs NCCL
     (("single", "dp"), 2, False, "auto", "gpu"),   # ... DataParallel does not
-    (bench.STRATEGIES, 8, True, "cpu", "cpu"),
+    (STRATEGIES, 8, True, "cpu", "cpu"),
 ])
 def test_strategy_placement_compares_like_with_like(strategies, gpus, nccl, where, expected):
-    assert bench.strategy_placement(strategies, 2, where, gpus=gpus, nccl=nccl) == expected
+    assert strategy_placement(strategies, 2, where, gpus=gpus, nccl=nccl) == expected
 
 
 def test_bench_figures_all_run_on_the_cpu_with_gloo(monkeypatch, capsys):
@@ -184,13 +186,14 @@ def test_the_audit_checks_the_flat_collectives_under_both_releases_names():
 def _rank_functions() -> dict[str, object]:
     """Every function of course_utils that takes (rank, world_size, ...): what launch runs."""
     found = {}
-    for info in pkgutil.iter_modules(course_utils.__path__):
-        module = importlib.import_module(f"course_utils.{info.name}")
-        for name, fn in vars(module).items():
-            if inspect.isfunction(fn) and fn.__module__ == module.__name__:
-                params = list(inspect.signature(fn).parameters)
-                if params[:2] == ["rank", "world_size"]:
-                    found[f"{info.name}.{name}"] = fn
+    for package, prefix in ((course_utils, ""), (course_utils.tools, "tools.")):  # the tools: make bench
+        for info in pkgutil.iter_modules(package.__path__):
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+            for name, fn in vars(module).items():
+                if inspect.isfunction(fn) and fn.__module__ == module.__name__:
+                    params = list(inspect.signature(fn).parameters)
+                    if params[:2] == ["rank", "world_size"]:
+                        found[f"{prefix}{info.name}.{name}"] = fn
     return found
 
 
@@ -207,8 +210,8 @@ CASES = {
     "strategy_harness._harness_rank ddp_2_amp": (2, ("ddp_2_amp", 16, 8, 2, 1)),
     "strategy_harness._harness_rank zero1_2": (2, ("zero1_2", 16, 8, 2, 1)),
     "strategy_harness._harness_rank fsdp_2": (2, ("fsdp_2", 16, 8, 2, 1)),
-    "bench._ring_rank": (2, ([1], 1)),
-    "bench._noop_rank": (2, ()),
+    "tools.bench._ring_rank": (2, ([1], 1)),
+    "tools.bench._noop_rank": (2, ()),
     "collectives.check_ring_all_reduce": (3, ([1, 7, 64],)),
     "ddp_demos.hello": (2, ()),
     "ddp_demos.all_reduce_sum": (2, ()),

@@ -1,6 +1,6 @@
 """The Korean, Japanese and Chinese editions: complete, up to date, and the English code unchanged.
 
-The editions are built by ``course_utils.editions`` from the English notebooks and the PO files in
+The editions are built by ``course_utils.tools.editions`` from the English notebooks and the PO files in
 ``notebooks/<lang>/po``. These tests read the committed files; the last ones change an English
 cell in a copy and check what the generator does with it.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import polib
 import pytest
 
-from course_utils import editions
+from course_utils.tools import editions
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"

@@ -67,7 +67,8 @@ def test_plan_follows_the_hardware():
 @pytest.mark.parametrize("nccl", [True, False])
 def test_the_plan_says_what_the_launchers_decide(gpus, nccl, monkeypatch):
     """Notebook 00's plan agrees with the decisions the code makes on 0, 1 and 2+ GPUs."""
-    from course_utils import bench, devices
+    from course_utils import devices
+    from course_utils.strategy_harness import STRATEGIES, strategy_placement
 
     monkeypatch.delenv(devices.BACKEND_VARIABLE, raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -76,7 +77,7 @@ def test_the_plan_says_what_the_launchers_decide(gpus, nccl, monkeypatch):
     plan = topics(env.course_plan(gpus, nccl=nccl, gloo=True))
     two_rank_backend = devices.choose_backend(2, gpus=gpus, nccl_available=nccl)
     assert ("NCCL, one GPU per rank" in plan["DistributedDataParallel"]) == (two_rank_backend == "nccl")
-    on_gpus = bench.strategy_placement(bench.STRATEGIES, 2, gpus=gpus, nccl=nccl) == "gpu"
+    on_gpus = strategy_placement(STRATEGIES, 2, gpus=gpus, nccl=nccl) == "gpu"
     assert ("on GPUs" in plan["choosing a strategy"]) == on_gpus
     node_env = devices.emulated_node_env(0, 2, 1, gpus=gpus)
     nodes_on_gpus = "CUDA_VISIBLE_DEVICES" in node_env and two_rank_backend == "nccl"

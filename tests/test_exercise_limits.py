@@ -170,7 +170,7 @@ def test_in_a_jupyter_kernel_the_alarm_stops_the_answer(tmp_path):
     kernel stays usable after the check."""
     import nbformat
 
-    from course_utils.nbtools import run_in_memory
+    from course_utils.tools.nbtools import run_in_memory
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in (
         "import dataclasses, time\nfrom course_utils.exercises import find, time_limit, verdict",

@@ -3,7 +3,7 @@
 No GPU is available in CI, so these tests are collected everywhere and, without GPUs, reported
 SKIPPED with the number of GPUs they need (pytest's `-ra` summary lists the reasons). A test that
 can run on one GPU is parametrised by the device count: on one GPU its 1-GPU case runs and only
-the 2-GPU case is skipped. `course_utils.gpu_check` accepts a skip only when its reason is
+the 2-GPU case is skipped. `course_utils.tools.gpu_check` accepts a skip only when its reason is
 "needs N GPUs; this machine has M" with N > M, so keep that wording in `needs_gpus`.
 
 Precision: every test runs with TF32 off (the `exact_fp32` fixture, also for the processes the

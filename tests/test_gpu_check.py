@@ -15,8 +15,8 @@ import nbformat
 import pytest
 import torch
 
-from course_utils import gpu_check
-from course_utils.gpu_check import (
+from course_utils.tools import gpu_check
+from course_utils.tools.gpu_check import (
     NotebookResult,
     TestResult,
     allowed_skip,
@@ -83,7 +83,7 @@ def test_without_a_gpu_every_gpu_test_is_skipped_with_its_reason(gpu_tests):
 def test_without_a_gpu_the_check_says_so_in_one_line_and_fails(tmp_path):
     report = tmp_path / "report.md"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU visible, on any machine
-    result = subprocess.run([sys.executable, "-m", "course_utils.gpu_check", "--out", str(report)],
+    result = subprocess.run([sys.executable, "-m", "course_utils.tools.gpu_check", "--out", str(report)],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == gpu_check.NO_GPU_EXIT == 2
     assert result.stdout.splitlines() == [

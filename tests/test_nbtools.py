@@ -4,11 +4,12 @@ import nbformat
 import pytest
 
 from course_utils import REPO
-from course_utils.nbtools import (
+from course_utils.tools.nbtools import (
     SETUP_SOURCE,
     badge_markdown,
     clean_metadata,
     hygiene_problems,
+    merge_streams,
     sync_header,
 )
 
@@ -108,3 +109,37 @@ def test_the_setup_cell_installs_in_colab_and_explains_a_failure(monkeypatch, ca
         assert "(pip: ERROR: network is unreachable)" in out and out.count("\n") == 1
     else:
         assert out == ""
+
+
+def test_merge_streams_keeps_what_a_front_end_shows(tmp_path):
+    """A text bar's redraws become its last state; stdout and stderr, and other outputs, keep their order."""
+    out = nbformat.v4.new_output
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("...")]
+    nb.cells[0].outputs = [
+        out("stream", name="stdout", text="\repochs:   0%|   | 0/2"),
+        out("stream", name="stdout", text="\repochs:  50%|#  | 1/2"),
+        out("stream", name="stdout", text="\repochs: 100%|## | 2/2\n"),
+        out("stream", name="stdout", text="2 steps\r\n"),
+        out("stream", name="stderr", text="a warning\n"),
+        out("display_data", data={"text/plain": "<Figure>"}),
+        out("stream", name="stdout", text="after the figure\n"),
+    ]
+    merge_streams(nb)
+    assert [(o.output_type, o.get("name"), o.get("text")) for o in nb.cells[0].outputs] == [
+        ("stream", "stdout", "epochs: 100%|## | 2/2\n2 steps\r\n"),
+        ("stream", "stderr", "a warning\n"),
+        ("display_data", None, None),
+        ("stream", "stdout", "after the figure\n"),
+    ]
+
+
+def test_hygiene_catches_a_stored_widget(tmp_path):
+    path = make_notebook(tmp_path / "99_test.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[2].outputs.append(nbformat.v4.new_output("display_data", data={
+        "text/plain": "HBox(children=(HTML(value='epochs'), FloatProgress(value=0.0, max=2.0)))",
+        "application/vnd.jupyter.widget-view+json": {"model_id": "abc", "version_major": 2,
+                                                     "version_minor": 0}}))
+    nbformat.write(nb, path)
+    assert hygiene_problems(path) == ["99_test.ipynb: code cell 1 stores a widget (run make execute)"]

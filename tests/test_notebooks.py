@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils.nbtools import badge_markdown, hygiene_problems
+from course_utils.tools.nbtools import badge_markdown, hygiene_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

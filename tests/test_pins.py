@@ -43,7 +43,7 @@ def test_torch_is_pinned_exactly():
 
 
 def test_the_preflight_expects_the_pinned_torch():
-    from course_utils.preflight import TORCH_PIN
+    from course_utils.tools.preflight import TORCH_PIN
 
     assert TORCH_PIN == requirement_pins()["torch"]
 
@@ -80,7 +80,7 @@ def test_the_torch_floor_is_the_oldest_release_make_compat_passes_on():
     from packaging.requirements import Requirement
     from packaging.version import Version
 
-    from course_utils.compat_check import DEFAULT_TORCH, TESTED_RELEASES
+    from course_utils.tools.compat_check import DEFAULT_TORCH, TESTED_RELEASES
 
     torch_req = next(Requirement(d) for d in _dependencies() if Requirement(d).name == "torch")
     floors = [Version(s.version) for s in torch_req.specifier if s.operator == ">="]

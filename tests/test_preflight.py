@@ -2,7 +2,7 @@
 
 import pytest
 
-from course_utils import preflight
+from course_utils.tools import preflight
 
 
 def test_preflight_is_ready_here(capsys):

@@ -298,11 +298,27 @@ def verdict(key: str | Exercise, answer: Any) -> Verdict:
     return Verdict(ex.key, ex.kind, "right" if hint is None else "not yet", hint or "")
 
 
+#: ``check`` wraps its message at word boundaries to this width: a JupyterLab output in a laptop's
+#: window shows about 90 columns and would otherwise break a long hint inside a word.
+_MESSAGE_WIDTH = 88
+
+
+def _wrapped(message: str, width: int = _MESSAGE_WIDTH) -> str:
+    """``message`` wrapped at spaces, never inside a word, code or path; later lines indented by 2.
+
+    The first line keeps the form ``"✓ Exercise NN.N (kind): status."`` that ``make compat`` reads.
+    """
+    import textwrap
+
+    return "\n".join(textwrap.fill(line, width, subsequent_indent="  ", break_long_words=False,
+                                    break_on_hyphens=False) for line in message.splitlines())
+
+
 def check(key: str, answer: Any = Ellipsis) -> None:
     """Print whether ``answer`` to exercise ``key`` is right, with a hint when it is not."""
     result = verdict(key, answer)
     _RESULTS[result.key] = result
-    print(result)
+    print(_wrapped(str(result)))
 
 
 def progress(notebook: Any) -> None:

@@ -35,7 +35,7 @@ def build(notebooks: list[Path], out_dir: Path, *, execute: bool = False) -> lis
     """Write the solutions edition of ``notebooks`` into ``out_dir``; return the files written."""
     import nbformat
 
-    from ..nbtools import execute_notebook
+    from ..tools.nbtools import execute_notebook
 
     if not isinstance(out_dir, Path):
         raise TypeError(f"out_dir must be a pathlib.Path, got {type(out_dir).__name__}")

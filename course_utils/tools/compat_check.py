@@ -1,7 +1,7 @@
 """``make compat``: the course on another torch release, installed the way Colab installs it.
 
-    python3 -m course_utils.compat_check                 # torch 2.11.0, Colab's release
-    python3 -m course_utils.compat_check --torch 2.13.0  # any release on the package registry
+    python3 -m course_utils.tools.compat_check                 # torch 2.11.0, Colab's release
+    python3 -m course_utils.tools.compat_check --torch 2.13.0  # any release on the package registry
 
 Run from the repository with any Python 3.11+ (torch is not needed there). It keeps a virtual
 environment per release in ``.compat/torch-X.Y.Z/`` (git-ignored; pip's cache keeps the wheels, so
@@ -36,7 +36,7 @@ from pathlib import Path
 __all__ = ["DEFAULT_TORCH", "LAUNCH_TESTS", "TESTED_RELEASES", "check_release", "environment_dir", "main",
            "verdicts", "warnings_in"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: The releases the whole course has passed on here, oldest first: Colab's (its 2026-08 runtime:
 #: Python 3.13, torch 2.11.0, one T4 on the free tier), checked by CI's ``make compat``, and the
 #: pin, which nbval checks. The oldest is pyproject's torch floor (tests/test_pins.py).
@@ -149,8 +149,8 @@ def run_notebooks(repo: Path, work: Path) -> list[str]:
     """Steps 1 and 2, in this (the release's) environment; returns the failures."""
     import nbformat
 
-    from .exercises import bank
-    from .exercises.edition import build
+    from ..exercises import bank
+    from ..exercises.edition import build
     from .nbtools import run_in_memory
 
     failures = []
@@ -225,7 +225,7 @@ def inside(repo: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_utils.compat_check", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m course_utils.tools.compat_check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--torch", default=DEFAULT_TORCH,
                         help=f"the release to check (default {DEFAULT_TORCH})")
@@ -250,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     # an empty folder of its own: a `course_utils` lying in the temp folder itself would be imported
     outside = tempfile.mkdtemp(prefix="course-compat-")
     try:
-        inner = subprocess.Popen([str(python), "-m", "course_utils.compat_check", "--inside", str(ROOT)],
+        inner = subprocess.Popen([str(python), "-m", "course_utils.tools.compat_check",
+                                  "--inside", str(ROOT)],
                                  cwd=outside, env=env, stderr=subprocess.PIPE, text=True)
         for line in inner.stderr:  # every kernel says this once; the rest of stderr passes through
             if "Kernel is running over TCP without encryption" not in line:

@@ -2,9 +2,9 @@
 
 Used by ``make execute`` and by the tests; learners never need it.
 
-    python -m course_utils.nbtools execute notebooks/*.ipynb   # refresh stored outputs
-    python -m course_utils.nbtools sync notebooks/*.ipynb      # rewrite badge + set-up cell
-    python -m course_utils.nbtools check notebooks/*.ipynb     # hygiene report, exit 1 on problems
+    python -m course_utils.tools.nbtools execute notebooks/*.ipynb   # refresh stored outputs
+    python -m course_utils.tools.nbtools sync notebooks/*.ipynb      # rewrite badge + set-up cell
+    python -m course_utils.tools.nbtools check notebooks/*.ipynb     # hygiene report, exit 1 on problems
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import BRANCH, REPO
+from .. import BRANCH, REPO
 
 __all__ = [
     "SETUP_SOURCE",
     "badge_markdown",
     "clean_metadata",
+    "merge_streams",
     "execute_notebook",
     "first_line",
     "hygiene_problems",
@@ -109,6 +110,31 @@ def clean_metadata(nb) -> None:
                 out.metadata = {}
 
 
+_OVERWRITTEN = re.compile(r"^.*\r(?=[^\n])", re.MULTILINE)  # a line's text before its last lone \r
+
+
+def merge_streams(nb) -> None:
+    """Store each run of stream outputs (stdout, stderr) as one output, as a front end shows it.
+
+    A text progress bar redraws its line with ``\r`` on every step: kept, each redraw is an output
+    of its own. Merged, only the line's last state remains (what nbval compares anyway).
+    """
+    for cell in nb.cells:
+        merged = []
+        for out in cell.get("outputs", []):
+            last = merged[-1] if merged else None
+            if (out.output_type == "stream" and last is not None and last.output_type == "stream"
+                    and last.name == out.name):
+                last.text += out.text
+            else:
+                merged.append(out)
+        for out in merged:
+            if out.output_type == "stream":
+                out.text = _OVERWRITTEN.sub("", out.text)
+        if "outputs" in cell:
+            cell.outputs = merged
+
+
 def execute_notebook(path: str | Path, *, timeout: int = 600) -> float:
     """Run a notebook top to bottom in a fresh kernel, store its outputs, clean its metadata.
 
@@ -134,6 +160,7 @@ def execute_notebook(path: str | Path, *, timeout: int = 600) -> float:
     client.execute()
     seconds = time.perf_counter() - start
     clean_metadata(nb)
+    merge_streams(nb)
     nbformat.write(nb, path)
     return seconds
 
@@ -180,6 +207,9 @@ def run_in_memory(nb: Any, folder: str | Path, timeout_s: float) -> tuple[str, f
     return error, time.perf_counter() - start
 
 
+_WIDGET = "application/vnd.jupyter.widget-view+json"
+
+
 def hygiene_problems(path: str | Path) -> list[str]:
     """What a learner or nbval would trip over in a stored notebook; empty when it is clean."""
     path = Path(path)
@@ -202,6 +232,8 @@ def hygiene_problems(path: str | Path) -> list[str]:
             found = _MACHINE_PATH.search(text)
             if found:
                 problems.append(f"{path.name}: code cell {i} shows a path {found.group(0)!r}")
+            if _WIDGET in data:  # saved from a front end: elsewhere it reads "HBox(children=...)"
+                problems.append(f"{path.name}: code cell {i} stores a widget (run make execute)")
         if set(cell.metadata) - {"tags"}:
             problems.append(f"{path.name}: code cell {i} keeps metadata {sorted(cell.metadata)}")
     if "widgets" in nb.metadata:
@@ -215,7 +247,7 @@ def hygiene_problems(path: str | Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_utils.nbtools", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m course_utils.tools.nbtools", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["execute", "sync", "check"])
     parser.add_argument("notebooks", nargs="+", type=Path)

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import torch
 
-from ._checks import check_number, check_seconds
+from .._checks import check_number, check_seconds
 from .nbtools import first_line
 
 __all__ = ["NO_GPU_EXIT", "NotebookResult", "TestResult", "allowed_skip", "environment", "main",
            "parse_junit", "render_report", "run_gpu_tests", "run_notebook", "verdict"]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NO_GPU_EXIT = 2
 OUTCOMES = ("passed", "failed", "error", "skipped")
 #: the reason tests/test_gpu.py gives when a test needs more GPUs than the machine has
@@ -203,7 +203,7 @@ def run_notebook(path: str | os.PathLike, timeout_s: float = 900.0) -> NotebookR
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit code (0 pass, 1 fail, 2 no GPU)."""
-    parser = argparse.ArgumentParser(prog="python -m course_utils.gpu_check", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m course_utils.tools.gpu_check", description=__doc__)
     parser.add_argument("--out", type=Path, default=ROOT / "gpu-check-report.md", help="the report's file")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per notebook")
     parser.add_argument("--tests-timeout", type=float, default=1800.0, help="seconds for all the gpu tests")

@@ -1,6 +1,6 @@
 """The room pre-flight: what each learner runs before a workshop (``make preflight``).
 
-    python -m course_utils.preflight
+    python -m course_utils.tools.preflight
 
 It checks, in about ten seconds, what the day relies on: the pinned PyTorch, the devices, two
 real ranks meeting over gloo (a port, the fork server, ``launch``), DataParallel's emulation, the
@@ -26,7 +26,7 @@ TORCH_PIN = "2.13.0"
 def _torch() -> str:
     import torch
 
-    from .env import device_report
+    from ..env import device_report
 
     if not torch.__version__.startswith(TORCH_PIN):
         raise RuntimeError(f"PyTorch {torch.__version__} is installed; the course pins {TORCH_PIN} "
@@ -36,8 +36,8 @@ def _torch() -> str:
 
 
 def _ranks() -> str:
-    from . import ddp_demos
-    from .distributed import launch
+    from .. import ddp_demos
+    from ..distributed import launch
 
     sums = launch(ddp_demos.all_reduce_sum, 2, echo=False, timeout_s=60)
     if sums != [[3.0], [3.0]]:
@@ -49,8 +49,8 @@ def _dataparallel() -> str:
     import torch
     from torch import nn
 
-    from .by_hand import data_parallel
-    from .simulated import sim_devices
+    from ..by_hand import data_parallel
+    from ..simulated import sim_devices
 
     model = nn.Linear(4, 2)
     x = torch.randn(30, 4)
@@ -59,7 +59,7 @@ def _dataparallel() -> str:
 
 
 def _exercises() -> str:
-    from .exercises import find, run_source
+    from ..exercises import find, run_source
 
     verdict = run_source("01.1", find("01.1").solution)
     if not verdict.right:
@@ -95,7 +95,7 @@ def run_checks(checks: tuple[tuple[str, Callable[[], str]], ...]) -> list[tuple[
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_utils.preflight", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m course_utils.tools.preflight", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.parse_args(argv)
     began = time.perf_counter()

@@ -15,29 +15,22 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .strategy_harness import (
+from ..strategy_harness import (
     CLASSES,
-    SIZES,
-    STRATEGIES,
-    devices_needed,
     machine_description,
-    measure_loader,
     measure_strategies,
     mlp,
-    strategy_placement,
 )
 
-# main, and the harness's names, re-exported: notebook 09 imports them from here
-__all__ = ["SIZES", "STRATEGIES", "devices_needed", "machine_description", "main", "measure_loader",
-           "measure_strategies", "strategy_placement"]
+__all__ = ["main"]
 
 
 def _ring_rank(rank: int, world_size: int, sizes_mb: Sequence[int], repeats: int) -> dict:
     """``make bench``: median seconds of ``ring_all_reduce`` and ``dist.all_reduce``, alternating."""
     import torch.distributed as dist
 
-    from .collectives import ring_all_reduce
-    from .devices import rank_device
+    from ..collectives import ring_all_reduce
+    from ..devices import rank_device
 
     out = {}
     for mb in sizes_mb:
@@ -62,8 +55,8 @@ def _noop_rank(rank: int, world_size: int) -> int:
 
 
 def _dp_overhead(width: int, rows: int, repeats: int) -> tuple[float, float]:
-    from .by_hand import data_parallel
-    from .simulated import sim_devices
+    from ..by_hand import data_parallel
+    from ..simulated import sim_devices
 
     model = mlp(width)
     g = torch.Generator().manual_seed(0)
@@ -86,9 +79,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Print the machine and the five figures of ``make bench``."""
     import argparse
 
-    from .devices import BACKEND_VARIABLE
-    from .distributed import launch
-    from .torchrun import torchrun
+    from ..devices import BACKEND_VARIABLE
+    from ..distributed import launch
+    from ..torchrun import torchrun
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="repeats per figure (>= 5)")
@@ -161,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     # Run the module's own import, not this __main__ copy: the ranks import their functions
-    # from course_utils.bench by name.
-    from course_utils.bench import main as _main
+    # from course_utils.tools.bench by name.
+    from course_utils.tools.bench import main as _main
 
     _main()

@@ -4,7 +4,7 @@ Each edition (``notebooks/ko``, ``notebooks/ja``, ``notebooks/zh``) is the Engli
 its markdown cells translated; code cells and their outputs are the English ones, byte for byte.
 The translations live in ``notebooks/<lang>/po/<notebook>.po``: one entry per markdown cell, the
 cell's id as ``msgctxt`` and its English text as ``msgid``, so Poedit, Weblate or Crowdin can edit
-them. ``python -m course_utils.editions`` (``make editions``) brings the PO files up to date with
+them. ``python -m course_utils.tools.editions`` (``make editions``) brings the PO files up to date with
 the English notebooks (a changed cell keeps its translation, flagged fuzzy; a new cell gets an
 empty entry) and writes the editions; ``--check`` only reports what is missing, fuzzy or stale.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LANGUAGES = {"ko": "한국어", "ja": "日本語", "zh": "简体中文"}
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 # notebook 00 says, in each edition's language, that printed outputs and hints stay in English
 EDITION_NOTE = ("In this edition the explanations are translated; code, printed outputs and the "
                 "exercises' hints come from `course_utils` and stay in English.")
@@ -200,7 +200,7 @@ def update(root: Path = NOTEBOOKS, languages=tuple(LANGUAGES)) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_utils.editions",
+    parser = argparse.ArgumentParser(prog="python -m course_utils.tools.editions",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true",
                         help="change nothing; list what is missing, fuzzy or out of date, exit 1 if any")
