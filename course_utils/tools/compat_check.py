@@ -127,7 +127,8 @@ def prepare(torch_version: str, log) -> Path:
     with tempfile.TemporaryDirectory() as tmp:  # built from a copy: no build/ or egg-info left here
         source = Path(tmp) / "course"
         shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-            ".git", ".venv*", ".compat", "build", "*.egg-info", "__pycache__", "solutions", "_book*"))
+            ".git", ".venv*", ".compat", "build", "*.egg-info", "__pycache__", "solutions", "_book*", "lab",
+            "lab.previous"))
         done = _run([str(python), "-m", "pip", "install", "--disable-pip-version-check", str(source)], log)
     after = _torch_in(python)
     kept = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith(
