@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import pkgutil
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .answer_cells import _execute, _unattempted
+from .evidence import calls_recorded, changed, snapshot
 from .time_limit import _Stopped, _within_limit, untimed
 
 __all__ = ["KINDS", "TIME_LIMIT_S", "Exercise", "Verdict", "bank", "calls_recorded", "changed", "check",
@@ -137,62 +137,6 @@ def reference(key: str) -> Any:
     return _REFERENCES[key]
 
 
-def snapshot(value: Any) -> Any:
-    """A copy of ``value`` (tensors cloned, lists, tuples and dicts rebuilt, each with the identity of
-    what it copies) for :func:`changed` to tell, after an answer ran, whether it changed in place."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return id(value), value.detach().clone()
-    if isinstance(value, dict):
-        return id(value), {k: snapshot(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return id(value), [snapshot(v) for v in value]
-    return id(value), value
-
-
-def changed(value: Any, before: Any) -> bool:
-    """Whether ``value`` is no longer what :func:`snapshot` saw: a tensor with other values, dtype,
-    shape or device, a container with other keys or items (a new object in place of one counts)."""
-    import torch
-
-    ident, saved = before
-    if id(value) != ident:
-        return True
-    if isinstance(value, torch.Tensor):
-        if (value.dtype, value.shape, value.device) != (saved.dtype, saved.shape, saved.device):
-            return True
-        if value.device.type == "meta" or torch.equal(value.detach(), saved):
-            return False
-        return not (value.is_floating_point() and torch.equal(value.detach().isnan(), saved.isnan())
-                    and torch.equal(value.detach().nan_to_num(), saved.nan_to_num()))
-    if isinstance(value, dict):
-        return list(value) != list(saved) or any(changed(value[k], saved[k]) for k in saved)
-    if isinstance(value, (list, tuple)):
-        return len(value) != len(saved) or any(changed(v, s) for v, s in zip(value, saved, strict=True))
-    return False
-
-
-@contextlib.contextmanager
-def calls_recorded() -> Iterator[set]:
-    """What ran inside the block, in this thread: the code object of every Python function called
-    and the name of every built-in, however the caller reached it (an alias or an attribute)."""
-    ran: set = set()
-    previous = sys.getprofile()
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            ran.add(frame.f_code)
-        elif event == "c_call":
-            ran.add(getattr(arg, "__name__", ""))
-
-    sys.setprofile(profile)
-    try:
-        yield ran
-    finally:
-        sys.setprofile(previous)
-
-
 def _notebook_id(notebook: Any) -> str:
     text = str(notebook) if isinstance(notebook, (int, str)) and not isinstance(notebook, bool) else ""
     match = re.match(r"^(\d{1,2})(?:_\w+(?:\.ipynb)?)?$", text)
@@ -228,7 +172,6 @@ def load_bank(module_name: str) -> list[Exercise]:
     Their content (answer cell as shipped, solution, wrong answers with their hint fragments) is
     data, in ``nb05.toml`` beside the module; each entry names its judge, a function of the module.
     """
-    import sys
     import tomllib
     from pathlib import Path
 
