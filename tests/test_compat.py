@@ -110,6 +110,7 @@ def test_launch_falls_back_to_fresh_interpreters_without_the_fork_servers_intern
     monkeypatch.setattr(forkserver, "cuda_visible", lambda: False)
     monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # as in a kernel
     monkeypatch.setattr(forkserver, "_NOTED", set())
+    monkeypatch.delenv("COURSE_START", raising=False)  # make stress's switch: this is "auto"
     assert forkserver.internals_missing() == []
     assert forkserver.use_forkserver("auto", "gloo")
     assert launch(_forked_from_a_server, 2, echo=False, timeout_s=60, backend="gloo") == [True, True]
