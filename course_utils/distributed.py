@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from ._checks import check_positive_int, check_seconds
+from .compat import tcp_store_options
 from .devices import choose_backend
 from .launcher import rank as _rank
 from .launcher.forkserver import Forked, RankProcess, forkserver_context, use_forkserver
@@ -149,7 +150,7 @@ def launch(
     try:
         if init == "store":
             store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=STORE_TIMEOUT_S),
-                                  wait_for_workers=False)
+                                  wait_for_workers=False, **tcp_store_options())  # Windows: no libuv
             port = store.port
         else:
             port = free_port()
