@@ -38,7 +38,10 @@ unit: $(STAMP) ## Unit tests only (fast)
 nbval: $(STAMP) ## Notebooks only, under nbval
 	$(BIN)/python -m pytest $(PARALLEL) notebooks
 
-stress: $(STAMP) ## the tests marked stress: repeated launches and torchrun restarts (about 5 minutes)
+# tests/test_fresh_starts.py runs every notebook under nbval with COURSE_START=subprocess (fresh
+# interpreters, the start off Linux and with a GPU) in a pytest of its own, on every core: about
+# 8 minutes on 2 cores shared with other work (2026-11), notebook 10 the longest (3.5 minutes alone).
+stress: $(STAMP) ## the tests marked stress: repeated launches, torchrun restarts, every notebook with fresh-interpreter ranks
 	$(BIN)/python -m pytest -m stress tests
 
 execute: $(STAMP) ## Re-run every notebook in place (clean CPU run) to refresh stored outputs
