@@ -40,11 +40,15 @@ nbval: $(STAMP) ## Notebooks only, under nbval
 
 # Stored outputs must be what every correct CPU prints. PyTorch picks its CPU kernels by the
 # processor (AVX-512, AVX2, ...), and a rounding residue printed by one set differs under another:
-# ATEN_CPU_CAPABILITY=default forces the portable kernels, a second machine on this one. CI runs it.
+# ATEN_CPU_CAPABILITY=default forces the portable kernels, a second machine on this one. make stress
+# (and so CI) runs the notebooks that way too, with fresh-interpreter ranks (tests/test_fresh_starts.py).
 nbval-portable: $(STAMP) ## Notebooks under nbval again with PyTorch's portable CPU kernels (another CPU's rounding)
 	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest $(PARALLEL) notebooks
 
-stress: $(STAMP) ## the tests marked stress: repeated launches and torchrun restarts (about 5 minutes)
+# tests/test_fresh_starts.py runs every notebook under nbval as on another machine: ranks started as
+# fresh interpreters (COURSE_START=subprocess, the start off Linux and with a GPU) and PyTorch's
+# portable CPU kernels (ATEN_CPU_CAPABILITY=default), in a pytest of its own on every core.
+stress: $(STAMP) ## the tests marked stress: repeated launches, torchrun restarts, every notebook as on another machine
 	$(BIN)/python -m pytest -m stress tests
 
 execute: $(STAMP) ## Re-run every notebook in place (clean CPU run) to refresh stored outputs

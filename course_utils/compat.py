@@ -13,11 +13,22 @@ release it is on.
   ``_dump_nccl_trace``. Both releases record gloo's collectives as well as NCCL's (measured).
 - ``analyzer_reads_gloo``: torch's Flight Recorder analyzer (``torch.distributed.flight_recorder``)
   reads gloo's entries in 2.13; 2.11's stops at them ("gloo != 'nccl' or 'xccl'").
+
+And what differs on Windows, whose torch builds lack libuv, which a ``TCPStore`` uses by default
+("use_libuv was requested but PyTorch was built without libuv support"):
+
+- ``tcp_store_options``: what every ``TCPStore`` the course makes is given (``use_libuv=False`` on
+  Windows). ``env://`` and ``tcp://`` need nothing: torch's own rendezvous already leaves libuv
+  out on Windows (``USE_LIBUV=0`` is its default there).
+- ``run_torchrun_without_libuv``: torchrun's agent, with its rendezvous stores made without
+  libuv. torchrun offers no option for those stores (``USE_LIBUV=0`` reaches other stores only),
+  so ``course_utils.torchrun`` runs the agent through this on Windows.
 """
 
 from __future__ import annotations
 
 import pickle
+import sys
 from typing import Any
 
 import torch
@@ -25,7 +36,7 @@ import torch.distributed as dist
 
 __all__ = ["COLLECTIVE_NAMES", "FLIGHT_RECORDER_DUMPS", "all_gather_single", "analyzer_reads_gloo",
            "collective_name", "dump_flight_recorder", "flight_recorder_dump_name", "reduce_scatter_single",
-           "torch_release"]
+           "run_torchrun_without_libuv", "stores_without_libuv", "tcp_store_options", "torch_release"]
 
 #: The flat-tensor collectives: torch 2.13's name, and the name every earlier release uses.
 COLLECTIVE_NAMES = {"reduce_scatter_single": "reduce_scatter_tensor",
@@ -93,3 +104,46 @@ def analyzer_reads_gloo() -> bool:
     except Exception:  # noqa: BLE001 - past the backend check: the probe lacks the other fields
         return True
     return True
+
+
+def tcp_store_options() -> dict[str, Any]:
+    """What a ``TCPStore`` needs on this system: ``{"use_libuv": False}`` on Windows (its torch
+    builds lack libuv, the default), nothing elsewhere."""
+    return {"use_libuv": False} if sys.platform == "win32" else {}
+
+
+#: The modules of torchrun's rendezvous that make a ``TCPStore`` without asking about libuv.
+_RENDEZVOUS_STORES = ("torch.distributed", "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend",
+                      "torch.distributed.elastic.rendezvous.static_tcp_rendezvous")
+
+
+def stores_without_libuv() -> None:
+    """From now on, every ``TCPStore`` this process makes through torch's modules leaves libuv out
+    unless asked for it (for torchrun's agent on Windows; see :func:`run_torchrun_without_libuv`)."""
+    import importlib
+
+    base = dist.TCPStore
+    if getattr(base, "course_without_libuv", False):
+        return
+
+    class TCPStore(base):  # type: ignore[misc, valid-type]
+        """``torch.distributed.TCPStore`` whose ``use_libuv`` defaults to False."""
+
+        course_without_libuv = True
+
+        def __init__(self, *args: Any, use_libuv: bool = False, **kwargs: Any) -> None:
+            super().__init__(*args, use_libuv=use_libuv, **kwargs)
+
+    for name in _RENDEZVOUS_STORES:
+        module = importlib.import_module(name)
+        if getattr(module, "TCPStore", None) is base:
+            module.TCPStore = TCPStore
+
+
+def run_torchrun_without_libuv() -> None:
+    """torchrun (``python -m torch.distributed.run``) with the arguments of this process, its
+    rendezvous stores made without libuv: the agent that Windows' torch builds can run."""
+    stores_without_libuv()
+    from torch.distributed.run import main
+
+    main()

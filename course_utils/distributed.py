@@ -22,7 +22,9 @@ What it takes care of, because a notebook cannot:
   starts once, which imports torch and those modules and does no torch compute, so forking it is
   safe. A rank then starts in a few hundredths of a second. With a GPU (CUDA and fork do not
   mix), on other systems, or with ``start="subprocess"``, every rank is a fresh
-  ``python -m course_utils.launcher.rank``.
+  ``python -m course_utils.launcher.rank``. The environment variable ``COURSE_START=subprocess``
+  makes that the start of every launch that does not pass ``start=`` (``make stress`` runs every
+  notebook so: the start that macOS and Windows learners get).
 - **No port races.** The parent hosts the rendezvous ``TCPStore`` on a port the OS assigns, and
   closes it when the launch ends.
 - **Failures reach you.** If a rank raises, ``launch`` stops the other ranks and raises
@@ -50,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from ._checks import check_positive_int, check_seconds
+from .compat import tcp_store_options
 from .devices import choose_backend
 from .launcher import rank as _rank
 from .launcher.forkserver import Forked, RankProcess, forkserver_context, use_forkserver
@@ -97,7 +100,7 @@ def launch(
     init: str = "store",
     threads_per_rank: int = 1,
     echo: bool = True,
-    start: str = "auto",
+    start: str | None = None,
     stacks: bool = True,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return their results in order.
@@ -121,7 +124,8 @@ def launch(
     ``start`` is how the rank processes start: ``"forkserver"`` (forked from a clean server that
     has imported torch once: fast), ``"subprocess"`` (a fresh interpreter per rank: about 1.2 s
     more each) or ``"auto"``: the fork server on Linux when no GPU is visible and ``__main__`` is
-    not a script run by path; else subprocesses.
+    not a script run by path; else subprocesses. Left out, it is the variable ``COURSE_START``
+    (``subprocess``: fresh interpreters on every machine), or ``"auto"`` where that is unset.
     """
     _check_callable(fn)
     world_size = check_positive_int("world_size", world_size)
@@ -146,7 +150,7 @@ def launch(
     try:
         if init == "store":
             store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=STORE_TIMEOUT_S),
-                                  wait_for_workers=False)
+                                  wait_for_workers=False, **tcp_store_options())  # Windows: no libuv
             port = store.port
         else:
             port = free_port()

@@ -5,6 +5,12 @@
 returns what its workers printed, apart from the agent's logs. ``torchrun_nodes`` starts several
 agents on this machine that meet through c10d rendezvous, as nodes would. ``init_from_torchrun``
 is what a worker calls to join its group safely across restarts.
+
+torchrun's workers are always fresh interpreters (``python -m module``), on every system, so the
+fork server and ``COURSE_START`` play no part here. On Windows, whose torch builds lack libuv, the
+agent runs through ``compat.run_torchrun_without_libuv`` (torchrun has no option for its
+rendezvous stores), with ``USE_LIBUV=0`` for every other store, and ``init_from_torchrun`` asks
+for a store without libuv (``compat.tcp_store_options``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._checks import check_positive_int, check_seconds
+from .compat import tcp_store_options
 from .devices import emulated_node_env, init_kwargs, local_rank
 from .distributed import LaunchTimeout, free_port
 from .launcher.processes import kill_tree
@@ -58,7 +65,7 @@ def init_from_torchrun(backend: str, timeout_s: float = 300.0) -> None:
     timeout = datetime.timedelta(seconds=timeout_s)
     hosted_by_agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(host, port, world_size, is_master=rank == 0 and not hosted_by_agent,
-                          timeout=timeout)
+                          timeout=timeout, **tcp_store_options())  # Windows: use_libuv=False
     if hosted_by_agent:  # a store that outlives restarts: clean keys for every attempt
         store = dist.PrefixStore(f"attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
@@ -125,14 +132,32 @@ def _torchrun_command(module: str, nproc_per_node: int, script_args: tuple,
     if not isinstance(module, str) or not module:
         raise TypeError(f"module must be a module name such as 'course_utils.ddp_train', got {module!r}")
     nproc_per_node = check_positive_int("nproc_per_node", nproc_per_node)
-    return [sys.executable, "-m", "torch.distributed.run", *launcher_args,
-            f"--nproc-per-node={nproc_per_node}", "-m", module, *map(str, script_args)]
+    return [*_agent(), *launcher_args, f"--nproc-per-node={nproc_per_node}", "-m", module,
+            *map(str, script_args)]
+
+
+#: torchrun on Windows: the agent with rendezvous stores that leave out libuv, which torch's
+#: Windows builds lack (elsewhere ``-m torch.distributed.run``, as the ``torchrun`` script runs)
+WINDOWS_AGENT = "from course_utils.compat import run_torchrun_without_libuv; run_torchrun_without_libuv()"
+
+
+def _agent() -> list[str]:
+    if sys.platform == "win32":
+        return [sys.executable, "-c", WINDOWS_AGENT]
+    return [sys.executable, "-m", "torch.distributed.run"]
+
+
+def _agent_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    if sys.platform == "win32":
+        env.setdefault("USE_LIBUV", "0")  # the stores torch makes from this variable: no libuv
+    return env
 
 
 def _start(command: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, env=env, start_new_session=True, text=True)
+                            stdin=subprocess.DEVNULL, env=_agent_env(extra_env), start_new_session=True,
+                            text=True)
 
 
 def _finish(processes: list[subprocess.Popen], commands: list[list[str]],
@@ -180,10 +205,11 @@ def torchrun(module: str, nproc_per_node: int, *script_args: str, timeout_s: flo
     """Run ``python -m torch.distributed.run LAUNCHER_ARGS --nproc-per-node=N -m MODULE ARGS``.
 
     ``sys.executable -m torch.distributed.run`` is torchrun itself, without relying on the
-    ``torchrun`` script being on the kernel's PATH. ``env`` adds environment variables (for
-    example ``LOGLEVEL=INFO``, which makes the agent log its restart decisions). The job runs in
-    its own process session; if it outlives ``timeout_s`` the whole session is killed and
-    :class:`LaunchTimeout` is raised.
+    ``torchrun`` script being on the kernel's PATH (on Windows, the same agent through
+    ``compat.run_torchrun_without_libuv``: Windows' torch builds lack libuv). ``env`` adds
+    environment variables (for example ``LOGLEVEL=INFO``, which makes the agent log its restart
+    decisions). The job runs in its own process session; if it outlives ``timeout_s`` the whole
+    session is killed and :class:`LaunchTimeout` is raised.
     """
     timeout_s = check_seconds("timeout_s", timeout_s)
     _check_launcher(launcher_args, env)

@@ -5,6 +5,7 @@ The release before 2.13 is imitated on the pinned one by deleting 2.13's names i
 on a real older release.
 """
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -110,6 +111,7 @@ def test_launch_falls_back_to_fresh_interpreters_without_the_fork_servers_intern
     monkeypatch.setattr(forkserver, "cuda_visible", lambda: False)
     monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # as in a kernel
     monkeypatch.setattr(forkserver, "_NOTED", set())
+    monkeypatch.delenv("COURSE_START", raising=False)  # make stress's switch: this is "auto"
     assert forkserver.internals_missing() == []
     assert forkserver.use_forkserver("auto", "gloo")
     assert launch(_forked_from_a_server, 2, echo=False, timeout_s=60, backend="gloo") == [True, True]
@@ -204,3 +206,74 @@ def test_the_release_check_runs_from_an_empty_folder_of_its_own(monkeypatch, tmp
     assert compat_check.main(["--torch", compat_check.DEFAULT_TORCH]) == 0
     assert seen["empty"] and Path(seen["cwd"]) != Path(tempfile.gettempdir())
     assert not Path(seen["cwd"]).exists()  # removed afterwards
+
+
+# ----------------------------------------------------------------------------- Windows: no libuv
+# Windows' torch builds lack libuv, which a TCPStore uses by default. Windows itself is not run
+# here: the platform is faked where the course decides, and the stores are checked on Linux.
+
+def test_stores_ask_for_libuv_only_where_torch_has_it(monkeypatch):
+    import sys
+
+    assert compat.tcp_store_options() == {}
+    monkeypatch.setattr(sys, "platform", "win32")
+    assert compat.tcp_store_options() == {"use_libuv": False}
+
+
+def test_on_windows_torchrun_runs_the_agent_without_libuv(monkeypatch):
+    import sys
+
+    from course_utils import torchrun as tr
+
+    monkeypatch.delenv("USE_LIBUV", raising=False)
+    linux = tr._torchrun_command("course_utils.ddp_train", 2, ("--epochs", "1"), ("--standalone",))
+    assert linux[1:3] == ["-m", "torch.distributed.run"] and "USE_LIBUV" not in tr._agent_env()
+    monkeypatch.setattr(sys, "platform", "win32")
+    windows = tr._torchrun_command("course_utils.ddp_train", 2, ("--epochs", "1"), ("--standalone",))
+    assert windows[1:3] == ["-c", tr.WINDOWS_AGENT] and windows[3:] == linux[3:]
+    assert tr._agent_env()["USE_LIBUV"] == "0"
+    assert tr._agent_env({"USE_LIBUV": "1"})["USE_LIBUV"] == "1"  # a learner's own choice stays
+
+
+_STORES = """
+import datetime, torch.distributed as dist
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, static_tcp_rendezvous
+from course_utils import compat
+compat.stores_without_libuv()
+compat.stores_without_libuv()  # twice: no second layer
+_, rendezvous = c10d_rendezvous_backend.create_backend(
+    RendezvousParameters("c10d", "127.0.0.1:0", "job", 1, 1, is_host=True))
+agent = dist.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True)  # dynamic_rendezvous's
+asked = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=True, wait_for_workers=False)
+print(rendezvous.libuvBackend, agent.libuvBackend, asked.libuvBackend,
+      static_tcp_rendezvous.TCPStore is dist.TCPStore, type(agent).__mro__[1].__name__)
+"""
+
+
+def test_torchruns_rendezvous_stores_leave_libuv_out_once_patched():
+    """The patch that the Windows agent applies, applied on Linux (in a process of its own)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _STORES], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "True", "True", "TCPStore"], done.stdout
+
+
+@pytest.mark.stress  # a torchrun job: about 10 s, 20 s on 2 busy cores
+def test_the_windows_agent_trains_as_torchrun_does(monkeypatch, tmp_path):
+    """notebook 05's torchrun job through the Windows agent (platform faked in this process only:
+    the agent runs on Linux, with its rendezvous stores made without libuv)."""
+    import sys
+
+    from course_utils.torchrun import torchrun
+
+    monkeypatch.setattr(sys, "platform", "win32")
+    job = torchrun("course_utils.ddp_train", 2, "--out", str(tmp_path / "w.pt"), "--epochs", "1")
+    monkeypatch.undo()
+    assert job.command[1:3] == ["-c", "from course_utils.compat import run_torchrun_without_libuv; "
+                                      "run_torchrun_without_libuv()"]
+    assert job.returncode == 0, "\n".join(job.lines + job.log_lines)
+    trained = torch.load(tmp_path / "w.pt")
+    assert trained and all(torch.isfinite(v).all() for v in trained.values()), trained

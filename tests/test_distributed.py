@@ -196,14 +196,43 @@ def _parent_pid(rank, world_size):
 
 @pytest.mark.skipif(sys.platform != "linux" or torch.cuda.is_available(),
                     reason="the fork server is used on Linux machines without a GPU only")
-def test_auto_start_forks_ranks_from_the_server_on_a_cpu_linux_machine():
+def test_auto_start_forks_ranks_from_the_server_on_a_cpu_linux_machine(monkeypatch):
     """Who a rank's parent is shows how it started: this process (a fresh interpreter) or the
-    fork server."""
+    fork server. COURSE_START=subprocess gives every launch without ``start=`` fresh interpreters;
+    a ``start=`` passed still wins."""
     me = os.getpid()
-    assert launch(_parent_pid, 2, start="subprocess", echo=False) == [me, me]
+    monkeypatch.setenv("COURSE_START", "subprocess")
+    assert launch(_parent_pid, 2, echo=False) == [me, me]
     forked = launch(_parent_pid, 2, start="forkserver", echo=False)
     assert me not in forked and len(set(forked)) == 1  # both from the one server
-    assert launch(_parent_pid, 2, start="auto", echo=False) == forked
+    monkeypatch.delenv("COURSE_START")
+    assert launch(_parent_pid, 2, echo=False) == forked
+
+
+def test_the_start_switch_overrides_auto_only(monkeypatch):
+    from course_utils.launcher import forkserver
+
+    monkeypatch.setattr(forkserver, "cuda_visible", lambda: False)
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # as in a kernel
+    monkeypatch.delenv("COURSE_START", raising=False)
+    assert forkserver.chosen_start() == "auto"
+    auto_forks = forkserver.use_forkserver(None, "gloo")
+    assert auto_forks == (sys.platform == "linux") and forkserver.fresh_starts() is not auto_forks
+    for value, start in (("", "auto"), ("subprocess", "subprocess"), ("forkserver", "forkserver"),
+                         ("auto", "auto")):
+        monkeypatch.setenv("COURSE_START", value)
+        assert forkserver.chosen_start() == start
+        assert forkserver.chosen_start("forkserver") == "forkserver"  # passed: it wins
+    monkeypatch.setenv("COURSE_START", "subprocess")
+    assert forkserver.use_forkserver(None, "gloo") is False and forkserver.fresh_starts()
+    assert forkserver.use_forkserver("auto", "gloo") is auto_forks  # start="auto" passed: the rule
+    if auto_forks:
+        assert forkserver.use_forkserver("forkserver", "gloo") is True
+    monkeypatch.setenv("COURSE_START", "spawn")
+    with pytest.raises(ValueError, match="COURSE_START must be 'auto', 'forkserver' or 'subprocess', "
+                                         "got 'spawn'"):
+        launch(_parent_pid, 2)
+    assert forkserver.use_forkserver("subprocess", "gloo") is False  # a start passed: not read
 
 
 def test_auto_start_keeps_fresh_interpreters_where_forking_is_unsafe(monkeypatch):

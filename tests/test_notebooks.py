@@ -93,9 +93,13 @@ def test_no_stored_output_prints_rounding_digits(path):
 
 
 def test_ci_checks_the_notebooks_with_another_cpus_kernels():
-    """CI runs nbval a second time with PyTorch's portable kernels, so an output that only one CPU's
-    kernels print cannot land."""
+    """CI validates the notebooks a second time with PyTorch's portable kernels (in make stress, with
+    fresh-interpreter ranks), so an output that only one CPU's kernels print cannot land;
+    make nbval-portable runs that pass alone."""
+    import test_fresh_starts
+
+    assert test_fresh_starts.PORTABLE_KERNELS == {"ATEN_CPU_CAPABILITY": "default"}
+    assert "make stress" in (ROOT / ".ci" / "run").read_text().splitlines()
     makefile = (ROOT / "Makefile").read_text()
     target = re.search(r"^nbval-portable:.*\n\t(.+)$", makefile, re.MULTILINE)
     assert target and "ATEN_CPU_CAPABILITY=default" in target.group(1) and "notebooks" in target.group(1)
-    assert "make nbval-portable" in (ROOT / ".ci" / "run").read_text().splitlines()

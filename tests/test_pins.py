@@ -95,6 +95,23 @@ def test_the_torch_floor_is_the_oldest_release_make_compat_passes_on():
     assert all(release in readme for release in TESTED_RELEASES)
 
 
+def test_ci_runs_make_compat_on_every_tested_release_but_the_pin():
+    """A tested release is one CI checks: the pin by nbval, every other one by `make compat`."""
+    from course_utils.compat_check import DEFAULT_TORCH, TESTED_RELEASES
+
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    checked = {DEFAULT_TORCH if line == "make compat" else line.removeprefix("make compat TORCH=")
+               for line in ci if line.startswith("make compat")}
+    others = set(TESTED_RELEASES) - {requirement_pins()["torch"]}
+    assert checked == others and len(others) >= 2, (checked, TESTED_RELEASES)
+    assert "make test" in ci  # nbval: the pin
+    assert "2.14.1" in TESTED_RELEASES  # the newest release that installs on Python 3.11, 2026-11
+    which = (ROOT / "README.md").read_text().split("**Which PyTorch.**")[1].split("\n\n")[0]
+    minors = [".".join(r.split(".")[:2]) for r in TESTED_RELEASES]
+    assert all(r in which for r in TESTED_RELEASES), which
+    assert f"{', '.join(minors[:-1])} and {minors[-1]}" in which, which
+
+
 def test_every_third_party_module_the_package_imports_is_a_declared_dependency():
     """A plain `pip install` (Colab's set-up cell) must bring whatever course_utils imports."""
     import ast

@@ -4,18 +4,30 @@ A fresh interpreter spends about 1.2 s importing torch, and DDP's first construc
 more importing ``torch._dynamo``. On Linux without a GPU, ranks are therefore forked from a clean
 process that ``multiprocessing`` starts once, which imports those modules and does no torch
 compute, so forking it is safe (fork after torch compute can deadlock the child).
+
+Where forking is unsafe or unavailable (a GPU, macOS, Windows), ranks start as fresh interpreters.
+The environment variable ``COURSE_START=subprocess`` gives every launch that start on any machine,
+so that a Linux machine can run the course as a Mac or Windows learner's machine starts its ranks
+(``make stress`` runs every notebook so).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import subprocess
 import sys
 import threading
 from typing import Any
 
-__all__ = ["PRELOAD", "Forked", "RankProcess", "cuda_visible", "forkserver_context", "internals_missing",
-           "use_forkserver"]
+__all__ = ["PRELOAD", "START_VARIABLE", "STARTS", "Forked", "RankProcess", "chosen_start", "cuda_visible",
+           "forkserver_context", "fresh_starts", "internals_missing", "use_forkserver"]
+
+#: How ``launch`` may start its ranks (its ``start=``).
+STARTS = ("auto", "forkserver", "subprocess")
+#: Set to ``subprocess`` to start the ranks of every launch that does not pass ``start=`` as fresh
+#: interpreters, as they start off Linux and with a GPU (``forkserver`` and ``auto`` are accepted too).
+START_VARIABLE = "COURSE_START"
 
 
 #: What the fork server imports once, so that a forked rank need not: torch, c10d, and what
@@ -24,10 +36,23 @@ PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "
             "course_utils.launcher.rank", "course_utils.distributed"]
 
 
-def use_forkserver(start: str, backend: str) -> bool:
-    """Whether ``launch(start=start)`` forks its ranks from the fork server, for ``backend``."""
-    if start not in ("auto", "forkserver", "subprocess"):
+def chosen_start(start: str | None = None) -> str:
+    """The start a launch uses: ``start`` when given, else the variable ``COURSE_START``, else ``"auto"``."""
+    if start is None:
+        start = os.environ.get(START_VARIABLE, "") or "auto"
+        if start not in STARTS:
+            raise ValueError(f"{START_VARIABLE} must be 'auto', 'forkserver' or 'subprocess', got {start!r}")
+    elif start not in STARTS:
         raise ValueError(f"start must be 'auto', 'forkserver' or 'subprocess', got {start!r}")
+    return start
+
+
+def use_forkserver(start: str | None, backend: str) -> bool:
+    """Whether ``launch(start=start)`` forks its ranks from the fork server, for ``backend``.
+
+    ``start=None`` (launch's default) is ``COURSE_START``'s start, or ``"auto"`` without it.
+    """
+    start = chosen_start(start)
     available = "forkserver" in multiprocessing.get_all_start_methods()
     if start == "forkserver" and not available:
         raise ValueError("start='forkserver' is not available on this platform; use "
@@ -51,6 +76,12 @@ def use_forkserver(start: str, backend: str) -> bool:
                    f"about a second slower each)")
         return False
     return fork
+
+
+def fresh_starts(backend: str = "gloo") -> bool:
+    """Whether a launch that passes no ``start=`` starts its ranks here as fresh interpreters, each
+    importing torch first (a second or more per rank: what a limit on a launch must allow for)."""
+    return not use_forkserver(None, backend)
 
 
 _NOTED: set[str] = set()

@@ -123,6 +123,7 @@ def run(workdir: Path, rank: int) -> int:
         import torch
         import torch.distributed as dist
 
+        from course_utils.compat import tcp_store_options  # Windows: a store without libuv
         from course_utils.devices import init_kwargs
 
         # Everything imported so far lives as long as the process: keep it out of the collector's
@@ -140,7 +141,7 @@ def run(workdir: Path, rank: int) -> int:
         # NCCL: bind this process to cuda:RANK before any CUDA work, and tell the group so
         bind = init_kwargs(backend, rank)
         if payload["init"] == "store":
-            store = dist.TCPStore("127.0.0.1", payload["port"], None, False, timeout)
+            store = dist.TCPStore("127.0.0.1", payload["port"], None, False, timeout, **tcp_store_options())
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=timeout, **bind)
             del store

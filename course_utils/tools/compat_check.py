@@ -1,7 +1,7 @@
 """``make compat``: the course on another torch release, installed the way Colab installs it.
 
     python3 -m course_utils.tools.compat_check                 # torch 2.11.0, Colab's release
-    python3 -m course_utils.tools.compat_check --torch 2.13.0  # any release on the package registry
+    python3 -m course_utils.tools.compat_check --torch 2.14.1  # any release on the package registry
 
 Run from the repository with any Python 3.11+ (torch is not needed there). It keeps a virtual
 environment per release in ``.compat/torch-X.Y.Z/`` (git-ignored; pip's cache keeps the wheels, so
@@ -38,9 +38,11 @@ __all__ = ["DEFAULT_TORCH", "LAUNCH_TESTS", "TESTED_RELEASES", "check_release", 
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The releases the whole course has passed on here, oldest first: Colab's (its 2026-08 runtime:
-#: Python 3.13, torch 2.11.0, one T4 on the free tier), checked by CI's ``make compat``, and the
-#: pin, which nbval checks. The oldest is pyproject's torch floor (tests/test_pins.py).
-TESTED_RELEASES = ("2.11.0", "2.13.0")
+#: Python 3.13, torch 2.11.0, one T4 on the free tier), checked by CI's ``make compat``; the pin,
+#: which nbval checks; and the newest that installs on Python 3.11 (2.15.0 does not resolve
+#: there), checked by CI's ``make compat TORCH=2.14.1``. The oldest is pyproject's torch floor
+#: (tests/test_pins.py).
+TESTED_RELEASES = ("2.11.0", "2.13.0", "2.14.1")
 DEFAULT_TORCH = TESTED_RELEASES[0]
 #: The tests run in the environment: the launch contract, and what differs between releases.
 LAUNCH_TESTS = ("tests/test_distributed.py", "tests/test_launch_modes.py", "tests/test_compat.py")
