@@ -97,7 +97,7 @@ def test_the_torch_floor_is_the_oldest_release_make_compat_passes_on():
 
 def test_ci_runs_make_compat_on_every_tested_release_but_the_pin():
     """A tested release is one CI checks: the pin by nbval, every other one by `make compat`."""
-    from course_utils.compat_check import DEFAULT_TORCH, TESTED_RELEASES
+    from course_utils.tools.compat_check import DEFAULT_TORCH, TESTED_RELEASES
 
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     checked = {DEFAULT_TORCH if line == "make compat" else line.removeprefix("make compat TORCH=")
