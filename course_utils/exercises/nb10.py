@@ -5,6 +5,7 @@ busy machine is not cut off."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..hangs import HANG_FRESH_S  # noqa: F401 - the notebook's allowance (tests/test_debugging.py)
@@ -36,7 +37,7 @@ JOIN_CASES = [[3, 2], [4, 3, 5]]
 ACCUMULATION_CASES = [(2, 4, 3, 2), (3, 3, 2, 2)]
 #: 10.6: the models, each with parameters that forward never uses
 NO_GRAD_MODELS = ("TwoHeads", "a stack whose middle layer is skipped")
-#: 10.8: how long rank 0 takes to write, in one launch (a sleep shorter than one is too early there)
+#: 10.8: how long rank 0 takes to write (a sleep shorter than one is too early there)
 SAVE_DELAYS_S = [0.3, 2.0]
 #: 10.9: calls in a row, the random generators seeded alike before each
 STORE_CALLS = 2
@@ -245,6 +246,10 @@ def _judge_still_differ(still_differ: Any) -> str | None:
 
 # ----------------------------------------------------------------------------- 10.8 saving
 
+#: how torch.load fails on a checkpoint that is still being written
+_TORN = re.compile(r"EOFError|UnpicklingError|PytorchStreamReader|zip archive|central directory")
+
+
 def _judge_save_and_load(save_and_load: Any) -> str | None:
     import os
     import tempfile
@@ -258,11 +263,18 @@ def _judge_save_and_load(save_and_load: Any) -> str | None:
         paths = [os.path.join(folder, f"model{i}.pt") for i in range(len(SAVE_DELAYS_S))]
         for path in paths:
             torch.save(seeded_weights(99), path)  # last run's checkpoint, still there
-        cases, hint = run_ranks(saving_rank, 2, save_and_load, paths, SAVE_DELAYS_S)
-    if hint:
-        return hint + ". A barrier waits until every rank has reached it: every rank must call it"
+        cases = []
+        for path, delay in zip(paths, SAVE_DELAYS_S, strict=True):  # a launch each: a hang ends one
+            results, hint = run_ranks(saving_rank, 2, save_and_load, path, delay)
+            if hint and _TORN.search(hint):
+                return (f"{hint.split(':')[0]} reading the checkpoint while rank 0 was still writing it "
+                        "(a torn file): no rank may read until rank 0 has finished writing, and a "
+                        "sleep, or watching the file, only guesses when that is")
+            if hint:
+                return hint + ". A barrier waits until every rank has reached it: every rank must call it"
+            cases.append(results)
     saved, stale = seeded_weights(0), seeded_weights(99)
-    for delay, results in zip(SAVE_DELAYS_S, zip(*cases, strict=True), strict=True):
+    for delay, results in zip(SAVE_DELAYS_S, cases, strict=True):
         if any(r["wrote"] for r in results[1:]):
             return ("only rank 0 writes the checkpoint: ranks that write one file at once can leave it "
                     "torn, and every copy but one is wasted")

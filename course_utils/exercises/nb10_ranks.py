@@ -54,7 +54,9 @@ SAVE_S = 1.0
 
 def save_and_load_rank(rank: int, world_size: int, save_and_load: Any, path: str,
                        delay: float = SAVE_S) -> dict:
-    """One rank of exercise 10.8's check: a model seeded with the rank, and a slow ``torch.save``."""
+    """One rank of exercise 10.8's check: a model seeded with the rank, and a slow ``torch.save``
+    (to a file: pickling a tensor, as ``broadcast_object_list`` does, calls it on a buffer)."""
+    import os
     import time
 
     import torch
@@ -63,9 +65,10 @@ def save_and_load_rank(rank: int, world_size: int, save_and_load: Any, path: str
     real_save = torch.save
 
     def slow_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-        writers.append(rank)
-        if rank == 0:
-            time.sleep(delay)
+        if isinstance(f, (str, os.PathLike)):  # a file: not torch's own pickling of a tensor
+            writers.append(rank)
+            if rank == 0:
+                time.sleep(delay)
         return real_save(obj, f, *args, **kwargs)
 
     torch.save = slow_save
@@ -144,21 +147,12 @@ def join_rank(rank: int, world_size: int, answer: Any, counts: list[int]) -> dic
     return {"weights": weights, "kinds": kinds}
 
 
-def saving_rank(rank: int, world_size: int, save_and_load: Any, paths: list[str],
-                delays: list[float]) -> list[dict]:
-    """Every case of exercise 10.8's check in one launch: for each delay, rank 0's ``torch.save``
-    takes that long, on a path that holds last run's checkpoint; each case notes the collectives
-    the answer ran."""
-    import torch.distributed as dist
-
+def saving_rank(rank: int, world_size: int, save_and_load: Any, path: str, delay: float) -> dict:
+    """One rank of one case of exercise 10.8's check: rank 0's ``torch.save`` takes ``delay`` s, on
+    a path that holds last run's checkpoint; the case notes the collectives the answer ran."""
     from .on_ranks import collectives_called
 
-    cases = []
-    judges = dist.new_group(backend="gloo")  # the judge's own barriers never pair with the answer's
-    for path, delay in zip(paths, delays, strict=True):
-        dist.barrier(group=judges)  # every case starts together
-        with collectives_called() as calls:
-            result = save_and_load_rank(rank, world_size, save_and_load, path, delay)
-        result.update(kinds=[kind for kind, _ in calls])
-        cases.append(result)
-    return cases
+    with collectives_called() as calls:
+        result = save_and_load_rank(rank, world_size, save_and_load, path, delay)
+    result.update(kinds=[kind for kind, _ in calls])
+    return result
