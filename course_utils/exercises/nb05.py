@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
-from .core import load_bank, not_a_pair
+from .core import load_bank, not_a_pair, untimed
 from .on_ranks import run_on_ranks
 
-__all__ = ["EXERCISES"]
+__all__ = ["CASES", "EXERCISES"]
 
 
 def _whole_number(answer: Any, what: str) -> str | None:
@@ -78,66 +78,121 @@ def _judge_sampler_reads(answer: Any) -> str | None:
     return None
 
 
+#: 05.3's cases: (samples, ranks, epochs): the notebook's, and one that does not divide evenly
+EPOCH_CASES = [(20, 2, 4), (11, 3, 3)]
+#: 05.4's cases: the world sizes, each rank training on its own rows
+TWO_HEADS_WORLDS = (2, 3)
+#: how far the epochs an answer tells its sampler may go (set_epoch(epoch + 1) is right too)
+_EPOCHS_TRIED = 64
+
+CASES: dict[str, list[str]] = {
+    "05.1": ["4096 float32 values, 4 ranks"],
+    "05.2": ["10 samples, 4 ranks, drop_last=False"],
+    "05.3": [f"{n} samples on {w} ranks, {e} epochs" for n, w, e in EPOCH_CASES],
+    "05.4": [f"world_size={w}, 2 SGD steps, each rank its own rows" for w in TWO_HEADS_WORLDS],
+}
+
+
 def _judge_epoch_orders(answer: Any) -> str | None:
+    for case in EPOCH_CASES:
+        hint = _epoch_orders_case(answer, *case)
+        if hint is not None:
+            return hint
+    return None
+
+
+def _epoch_orders_case(answer: Any, size: int, world_size: int, epochs: int) -> str | None:
     from torch.utils.data.distributed import DistributedSampler
 
-    from course_utils.failure_zoo import sampler_orders
+    def sampler(rank: int) -> DistributedSampler:
+        return DistributedSampler(range(size), num_replicas=world_size, rank=rank, shuffle=True, seed=0)
 
     runs = []
-    for rank in (0, 1):  # the same answer on both ranks, as a training script runs it
-        got = answer(DistributedSampler(range(20), num_replicas=2, rank=rank, shuffle=True, seed=0), 4)
-        if not (isinstance(got, dict) and sorted(got) == [0, 1, 2, 3]):
+    for rank in range(world_size):  # the same answer on every rank, as a training script runs it
+        got = answer(sampler(rank), epochs)
+        if not (isinstance(got, dict) and sorted(got) == list(range(epochs))):
             return ("return a dict with one list of indices per epoch: "
                     "{0: [...], 1: [...], 2: [...], 3: [...]}")
-        runs.append([list(got[epoch]) for epoch in range(4)])
-    mine, other = runs
-    expected = sampler_orders(0, 2, 20, 4, set_epoch=True)  # notebook 10's right loop
-    for epoch in range(4):
-        if sorted(mine[epoch] + other[epoch]) != list(range(20)):
-            if len(mine[epoch]) == len(other[epoch]) == 10 and set(mine[epoch]) & set(other[epoch]):
-                return (f"in epoch {epoch} the two ranks read some of the same samples and missed others: "
-                        "each rank's sampler was told a different epoch, so their shards no longer fit "
-                        "together")
-            return "each epoch should read this rank's shard: half of the 20 indices, from the sampler itself"
-    if all(order == mine[0] for order in mine):
+        runs.append([list(got[epoch]) for epoch in range(epochs)])
+    per_epoch = [[run[epoch] for run in runs] for epoch in range(epochs)]  # every rank's order
+    samplers = [sampler(rank) for rank in range(world_size)]
+    given = []  # for each sampler epoch, every rank's order
+    with untimed():  # the course's own reference
+        for value in range(_EPOCHS_TRIED):
+            for s in samplers:
+                s.set_epoch(value)
+            given.append([list(s) for s in samplers])
+    told = [next((v for v in range(_EPOCHS_TRIED) if given[v] == orders), None) for orders in per_epoch]
+    mine = runs[0]
+    for epoch, value in enumerate(told):
+        if value is not None:
+            continue
+        orders = per_epoch[epoch]
+        together = sorted(i for order in orders for i in order)
+        if sorted(set(together)) != list(range(size)) and all(len(o) == len(orders[0]) for o in orders):
+            return (f"in epoch {epoch} the ranks read some of the same samples and missed others: "
+                    "each rank's sampler was told a different epoch, so their shards no longer fit "
+                    "together")
+        if all(set(order) == set(mine[0]) for order in mine):
+            return ("the order changes, but every epoch this rank reads the same samples: the "
+                    "sampler itself must reshuffle, so that the ranks' shards change together")
+        return ("these are not orders the sampler gives: it alone knows the data set, the ranks "
+                "and the seed, so let the sampler shuffle, and tell it which epoch it is")
+    if len(set(told)) == 1:
         return ("every epoch read the same order: the sampler shuffles with its seed plus the epoch it "
                 "was last told, and here every epoch was told the same one (or none)")
-    if mine[0] == expected[0] and mine[1:] == expected[:-1]:
+    if told[0] == 0 and told[1:] == list(range(epochs - 1)):
         return ("each epoch read the order of the epoch before: the sampler must know the epoch before "
                 "you read it, not after")
-    if any(mine[i] == mine[j] for i in range(4) for j in range(i + 1, 4)):
+    if len(set(told)) < len(told):
         return "two of the epochs read the same order: each epoch must tell the sampler a value of its own"
-    if all(set(order) == set(mine[0]) for order in mine):
-        return ("the order changes, but every epoch this rank reads the same 10 samples: the sampler "
-                "itself must reshuffle, so that the ranks' shards change together")
-    return None  # a new shuffle every epoch, the same on both ranks (set_epoch(epoch + 1) is fine too)
+    return None  # a new shuffle every epoch, the same on every rank (set_epoch(epoch + 1) is fine too)
+
+
+def two_heads_rank(rank: int, world_size: int, answer: Any) -> dict:
+    """One rank of exercise 05.4's check: the answer's parameters, and the collectives that ran on
+    the group (DDP's reducer included, from the Flight Recorder)."""
+    from .on_ranks import collectives_recorded
+
+    with collectives_recorded() as kinds:
+        params = answer(rank, world_size)
+    return {"params": params, "kinds": kinds}
 
 
 def _judge_two_heads(answer: Any) -> str | None:
+    for world_size in TWO_HEADS_WORLDS:
+        hint = _two_heads_case(answer, world_size)
+        if hint is not None:
+            return hint
+    return None
+
+
+def _two_heads_case(answer: Any, world_size: int) -> str | None:
     from ..ddp_demos import TwoHeads
-    ranks, hint = run_on_ranks(answer, 2, timeout_s=20, hang_hint=(
-        "the ranks did not finish within 20 s and were stopped: one rank waits in a "
-        "collective the other never calls; both must build and train the model the same way"))
+    results, hint = run_on_ranks(two_heads_rank, world_size, answer, hang_hint=(
+        "the ranks hung and were stopped: one rank waits in a collective the other never calls; "
+        "both must build and train the model the same way"))
     if hint is not None and "finished reduction" in hint:
         return ("DDP still waits for a gradient of every parameter, and forward never uses "
                 "unused_head: either tell DDP, when you wrap the model, to look for the parameters "
                 "forward leaves out, or do not give it parameters that forward never uses")
     if hint is not None:
         return hint
+    ranks = [r["params"] for r in results]
     if not all(isinstance(r, dict) for r in ranks):
         return "return this rank's parameters: a dict of name -> tensor (the model's state_dict)"
     names = [n for n in ("body.weight", "body.bias", "used_head.weight", "used_head.bias") if n in ranks[0]]
     if len(names) < 4:
         return "return the state_dict of the inner model (ddp_model.module), with body and used_head"
     for name in names:
-        if not torch.equal(ranks[0][name].cpu(), ranks[1][name].cpu()):
+        if not all(torch.equal(ranks[0][name].cpu(), r[name].cpu()) for r in ranks[1:]):
             return ("the error is gone, but the ranks' parameters differ: their gradients were not "
                     "all-reduced (DDP all-reduces what goes through its own forward), so each rank trained "
                     "on its own rows only")
     torch.manual_seed(0)
     model = TwoHeads()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    generators = [torch.Generator().manual_seed(r) for r in range(2)]
+    generators = [torch.Generator().manual_seed(r) for r in range(world_size)]
     for _ in range(2):
         loss = torch.stack([model(torch.randn(8, 4, generator=g)).square().mean() for g in generators]).mean()
         optimizer.zero_grad()
@@ -146,8 +201,13 @@ def _judge_two_heads(answer: Any) -> str | None:
     state = model.state_dict()
     for name in names:
         if not torch.allclose(ranks[0][name].cpu(), state[name], atol=1e-5):
-            return ("the ranks agree, but not with one process training on both ranks' rows: keep "
-                    "the training loop as it was and change only how the model is wrapped")
+            return (f"with {world_size} ranks the ranks agree, but not with one process training on "
+                    "every rank's rows: keep the training loop as it was and change only how the "
+                    "model is wrapped")
+    if any(r["kinds"] is not None and "all_reduce" not in r["kinds"] for r in results):
+        return ("the parameters are right, but no rank all-reduced a gradient: each rank computed the "
+                "other ranks' rows itself, which only works because the check can; train each rank "
+                "on its own rows under DDP")
     return None
 
 

@@ -8,12 +8,10 @@ from typing import Any
 import torch
 
 from ..compat import COLLECTIVE_NAMES
-from ..sharding import logged_collectives
-from ..zero import CommLog
 from .core import load_bank
 from .on_ranks import hint_from_ranks
 
-__all__ = ["EXERCISES"]
+__all__ = ["CASES", "EXERCISES"]
 
 _PSI, _N = 1_000_000_000, 8
 
@@ -41,27 +39,46 @@ def _judge_zero2_bytes(answer: Any) -> str | None:
             "whether stage 2 keeps it whole on every rank or splits it over the N ranks")
 
 
-def zero1_step_rank(rank: int, world_size: int, answer: Any) -> str | None:
-    """One rank of exercise 08.2's check: ``answer`` against AdamW on the averaged gradient."""
+#: 08.2's cases: the world sizes it launches, the shard length on each rank (odd: no written-in
+#: halves), the seed of the parameters and gradients
+ZERO1_CASES = [(2, 5, 0), (3, 4, 1), (4, 3, 2)]
+#: 08.3's cases: the world sizes, each with two gradients (rows that do not divide evenly): one
+#: whose norm is above max_norm, one below it (a clip that always rescales fails there)
+CLIP_WORLDS, CLIP_ROWS = (2, 3), 7
+CLIP_CASES = [("above", 1.0), ("below", 1000.0)]
+
+CASES: dict[str, list[str]] = {
+    "08.1": ["Ψ = 10^9 parameters, N = 8 ranks"],
+    "08.2": [f"world_size={n}, a shard of {size} values, seed {seed}" for n, size, seed in ZERO1_CASES],
+    "08.3": [f"world_size={n}, 3 gradients of {CLIP_ROWS} rows split unevenly, norm {where} max_norm={m:g}"
+             for n in CLIP_WORLDS for where, m in CLIP_CASES],
+}
+
+
+def zero1_step_rank(rank: int, world_size: int, answer: Any, size: int, seed: int) -> str | None:
+    """One rank of exercise 08.2's check: ``answer`` against AdamW on the averaged gradient, with
+    the bytes it sent counted where every collective ends (``collectives_called``)."""
     import torch.distributed as dist
 
     from ..devices import rank_device
+    from .on_ranks import collectives_called, sent_per_rank
 
     device = rank_device()
-    g = torch.Generator().manual_seed(0)
-    start = torch.randn(8 * world_size, generator=g).to(device)
-    grads = [torch.randn(8 * world_size, generator=g).to(device) for _ in range(world_size)]
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randn(size * world_size, generator=g).to(device)
+    grads = [torch.randn(size * world_size, generator=g).to(device) for _ in range(world_size)]
     reference = torch.nn.Parameter(start.clone())
     reference.grad = sum(grads) / world_size
     torch.optim.AdamW([reference], lr=0.1).step()
 
     flat_param = start.clone()
-    shard = torch.nn.Parameter(flat_param[8 * rank:8 * (rank + 1)].clone())
+    mine = slice(size * rank, size * (rank + 1))
+    shard = torch.nn.Parameter(flat_param[mine].clone())
     optimizer = torch.optim.AdamW([shard], lr=0.1)
-    log = CommLog()
+    flat_grad = grads[rank].clone()
     try:
-        with logged_collectives(log):  # what the answer hands to the collectives
-            answer(flat_param, grads[rank].clone(), shard, optimizer)
+        with collectives_called() as calls:  # what ran, whatever name the answer called it by
+            answer(flat_param, flat_grad, shard, optimizer)
     except AttributeError as err:  # a collective's name from another torch release
         names = [n for pair in COLLECTIVE_NAMES.items() for n in pair if f"'{n}'" in str(err)]
         if not names:
@@ -69,13 +86,17 @@ def zero1_step_rank(rank: int, world_size: int, answer: Any) -> str | None:
         return (f"torch {torch.__version__} has no dist.{names[0]}: the flat-tensor collectives "
                 "changed names in torch 2.13 (see 'What gloo offers'); compat.reduce_scatter_single "
                 "and compat.all_gather_single work on every release")
-    mine = slice(8 * rank, 8 * (rank + 1))
     dist.barrier()
     if shard.grad is None:
         return "shard.grad is still None: reduce-scatter the gradient into a tensor and set shard.grad"
     if torch.allclose(shard.grad, sum(grads)[mine]):
         return "shard.grad is the sum over the ranks: DDP averages, so divide by the world size"
     if not torch.allclose(shard.grad, reference.grad[mine]):
+        summed = sum(grads)[mine]
+        ratio = (summed @ shard.grad / (shard.grad @ shard.grad).clamp_min(1e-30)).item()
+        if torch.allclose(shard.grad * ratio, summed, rtol=1e-4, atol=1e-6):  # a fixed divisor
+            return ("shard.grad is the sum divided by a fixed number, not by the world size: this check "
+                    "runs on several world sizes")
         return "shard.grad is not this rank's slice of the averaged gradient: reduce-scatter flat_grad"
     if not torch.allclose(shard.detach(), reference.detach()[mine]):
         return ("shard.grad is right, but the shard was not stepped with it: the optimizer updates a "
@@ -84,55 +105,71 @@ def zero1_step_rank(rank: int, world_size: int, answer: Any) -> str | None:
         return "this rank's slice of flat_param was not updated: gather the stepped shards back into it"
     if not torch.allclose(flat_param, reference.detach()):
         return "the other ranks' slices of flat_param are stale: all-gather the updated shards into it"
-    if log.calls["all_reduce"] or log.calls["broadcast"]:
+    zero1 = 2 * (world_size - 1) / world_size * flat_param.nbytes  # a reduce-scatter and an all-gather
+    if sent_per_rank(calls, world_size) > zero1 * 1.001:
         return ("the numbers are right, but a whole tensor went to every rank where ZeRO moves slices: "
                 "with a reduce-scatter each rank receives only the summed slice it steps, and an "
                 "all-gather brings back each rank's stepped shard; all-reducing everything and keeping "
                 "a slice sends more bytes for nothing")
+    if not torch.equal(flat_grad, grads[rank]):
+        return ("the caller's flat_grad was changed in place: it is this rank's gradient, which the "
+                "step reads and must leave as it found it")
     return None
 
 
 def _judge_zero1_step(answer: Any) -> str | None:
-    return hint_from_ranks(zero1_step_rank, 2, answer, hang_hint="the ranks hung: every rank must call "
-                           "the same collectives, in the same order")
+    for world_size, size, seed in ZERO1_CASES:
+        hint = hint_from_ranks(zero1_step_rank, world_size, answer, size, seed, hang_hint=(
+            "the ranks hung: every rank must call the same collectives, in the same order"))
+        if hint is not None:
+            return hint
+    return None
 
 
 def clip_rank(rank: int, world_size: int, answer: Any) -> str | None:
-    """One rank of exercise 08.3's check: the total norm and the clipped shards."""
+    """One rank of exercise 08.3's check: the total norm and the clipped shards, for every case of
+    :data:`CLIP_CASES` (one launch)."""
     from ..devices import rank_device
 
     device = rank_device()
-    g = torch.Generator().manual_seed(1)
-    full = [torch.randn(6, 4, generator=g).to(device) * (i + 1) for i in range(3)]
-    total = torch.sqrt(sum(t.square().sum() for t in full))
-    shards = [t.chunk(world_size)[rank].clone() for t in full]
-    got = answer(shards, 1.0)
-    got = float(got)
-    if abs(got - total.item()) > 1e-4 * total.item():
-        norms = [torch.sqrt(sum(t.chunk(world_size)[r].square().sum() for t in full)).item()
-                 for r in range(world_size)]  # each rank's shards alone
-        local, local_max = norms[rank], max(norms)
-        if abs(got - local) < 1e-4 * local:
-            return "that is the norm of this rank's shards only: the other ranks hold the rest"
-        if abs(got - local_max) < 1e-4 * local_max:
-            return ("that is the largest shard's norm: the whole gradient's norm is larger than every "
-                    "shard's, as it holds all of them")
-        if abs(got * math.sqrt(world_size) - total.item()) < 1e-4 * total.item():
-            return ("that is the norm of the mean of the squares: the whole gradient's sum of squares "
-                    "counts every rank's shards once, it is not averaged over the ranks")
-        return ("norms do not add up across ranks: a norm is the square root of a sum of squares; "
-                "which part of that can be added up across the ranks?")
-    scale = 1.0 / (total.item() + 1e-6)
-    for s, t in zip(shards, full, strict=True):
-        if not torch.allclose(s, t.chunk(world_size)[rank] * scale, rtol=1e-4, atol=1e-7):
+    for index, (where, max_norm) in enumerate(CLIP_CASES):
+        g = torch.Generator().manual_seed(10 * world_size + index)
+        full = [torch.randn(CLIP_ROWS, 4, generator=g).to(device) * (i + 1) for i in range(3)]
+        total = torch.sqrt(sum(t.square().sum() for t in full))
+        parts = [[p.clone() for p in t.tensor_split(world_size)] for t in full]  # uneven rows
+        shards = [p[rank].clone() for p in parts]
+        got = float(answer(shards, max_norm))
+        if abs(got - total.item()) > 1e-4 * total.item():
+            norms = [torch.sqrt(sum(p[r].square().sum() for p in parts)).item() for r in range(world_size)]
+            local, local_max = norms[rank], max(norms)
+            if abs(got - local) < 1e-4 * local:
+                return "that is the norm of this rank's shards only: the other ranks hold the rest"
+            if abs(got - local_max) < 1e-4 * local_max:
+                return ("that is the largest shard's norm: the whole gradient's norm is larger than "
+                        "every shard's, as it holds all of them")
+            if abs(got * math.sqrt(world_size) - total.item()) < 1e-4 * total.item():
+                return ("that is the norm of the mean of the squares: the whole gradient's sum of "
+                        "squares counts every rank's shards once, it is not averaged over the ranks")
+            return ("norms do not add up across ranks: a norm is the square root of a sum of squares; "
+                    "which part of that can be added up across the ranks?")
+        scale = min(1.0, max_norm / (total.item() + 1e-6))
+        for s, p in zip(shards, parts, strict=True):
+            if torch.allclose(s, p[rank] * scale, rtol=1e-4, atol=1e-7):
+                continue
+            if where == "below":
+                return ("the gradient's norm was below max_norm, and the shards were scaled all the same: "
+                        "clipping only shrinks a gradient whose norm is above the limit")
             return "the norm is right, but the shards were not scaled by max_norm / total on every rank"
     return None
 
 
 def _judge_clip(answer: Any) -> str | None:
-    return hint_from_ranks(clip_rank, 2, answer,
-                           hang_hint="the ranks hung: every rank must take part in the same all-reduce")
-
+    for world_size in CLIP_WORLDS:
+        hint = hint_from_ranks(clip_rank, world_size, answer,
+                               hang_hint="the ranks hung: every rank must take part in the same all-reduce")
+        if hint is not None:
+            return hint
+    return None
 
 
 EXERCISES = load_bank(__name__)

@@ -47,11 +47,16 @@ def accumulation_rank(rank: int, world_size: int, step: Any, k: int, micro: int,
     return {"weights": weights, "rounds": len(rounds), "cleared_between": bool(cleared_between)}
 
 
-SAVE_S = 1.0  # how long rank 0 takes to write the checkpoint in the check (a big one takes a while)
+#: how long rank 0 takes to write the checkpoint in the notebook's example (a big one takes a
+#: while); the check tries several (nb10.SAVE_DELAYS_S)
+SAVE_S = 1.0
 
 
-def save_and_load_rank(rank: int, world_size: int, save_and_load: Any, path: str) -> dict:
-    """One rank of exercise 10.8's check: a model seeded with the rank, and a slow ``torch.save``."""
+def save_and_load_rank(rank: int, world_size: int, save_and_load: Any, path: str,
+                       delay: float = SAVE_S) -> dict:
+    """One rank of exercise 10.8's check: a model seeded with the rank, and a slow ``torch.save``
+    (to a file: pickling a tensor, as ``broadcast_object_list`` does, calls it on a buffer)."""
+    import os
     import time
 
     import torch
@@ -60,9 +65,10 @@ def save_and_load_rank(rank: int, world_size: int, save_and_load: Any, path: str
     real_save = torch.save
 
     def slow_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-        writers.append(rank)
-        if rank == 0:
-            time.sleep(SAVE_S)
+        if isinstance(f, (str, os.PathLike)):  # a file: not torch's own pickling of a tensor
+            writers.append(rank)
+            if rank == 0:
+                time.sleep(delay)
         return real_save(obj, f, *args, **kwargs)
 
     torch.save = slow_save
@@ -80,3 +86,73 @@ def seeded_weights(seed: int) -> dict:
 
     torch.manual_seed(seed)
     return {k: v.detach().clone() for k, v in torch.nn.Linear(3, 2).state_dict().items()}
+
+
+def evaluation_rank(rank: int, world_size: int, answer: Any, seed: int | None) -> dict:
+    """One rank of exercise 10.1's check: the answer, with the classifier's right rows drawn from
+    ``seed`` (None: the notebook's), and the collectives it ran (whatever it called them by)."""
+    import torch
+
+    from course_utils import failure_zoo
+
+    from .on_ranks import collectives_called
+
+    real = failure_zoo._correct_on
+    if seed is not None:
+        def drawn(indices: list[int], size: int, device: Any) -> Any:
+            right = torch.rand(size, generator=torch.Generator().manual_seed(seed)) < 0.5
+            return right[indices].float().to(device)
+        failure_zoo._correct_on = drawn
+    try:
+        with collectives_called() as calls:
+            value = answer(rank, world_size)
+    finally:
+        failure_zoo._correct_on = real
+    return {"value": value, "kinds": [kind for kind, _ in calls]}
+
+
+def drawn_accuracy(seed: int | None, size: int = 10) -> float:
+    """The accuracy over the whole set that :func:`evaluation_rank` gives with ``seed``."""
+    import torch
+
+    if seed is None:
+        return 0.6  # the notebook's classifier on its 10 rows (its own output, asserted there)
+    return (torch.rand(size, generator=torch.Generator().manual_seed(seed)) < 0.5).float().mean().item()
+
+
+def order_rank(rank: int, world_size: int, answer: Any) -> dict:
+    """One rank of exercise 10.3's check: what the answer returns and the collectives it ran."""
+    from .on_ranks import collectives_called
+
+    with collectives_called() as calls:
+        grads, flag = answer(rank, world_size)
+    return {"grads": list(grads), "flag": flag, "kinds": [kind for kind, _ in calls]}
+
+
+def join_rank(rank: int, world_size: int, answer: Any, counts: list[int]) -> dict:
+    """One rank of exercise 10.4's check: the weights, and what ran on the group (DDP's reducer
+    included, from the Flight Recorder). ``counts``: each rank's batches; the answer's
+    ``my_batches`` (the notebook's, for [3, 2]) hands them out."""
+    import functools
+
+    from course_utils.training_bugs import uneven_batches
+
+    from .on_ranks import collectives_recorded
+
+    if "my_batches" in getattr(answer, "__globals__", {}):  # sent by value: this rank's own copy
+        answer.__globals__["my_batches"] = functools.partial(uneven_batches, counts)
+
+    with collectives_recorded() as kinds:
+        weights = answer(rank, world_size)
+    return {"weights": weights, "kinds": kinds}
+
+
+def saving_rank(rank: int, world_size: int, save_and_load: Any, path: str, delay: float) -> dict:
+    """One rank of one case of exercise 10.8's check: rank 0's ``torch.save`` takes ``delay`` s, on
+    a path that holds last run's checkpoint; the case notes the collectives the answer ran."""
+    from .on_ranks import collectives_called
+
+    with collectives_called() as calls:
+        result = save_and_load_rank(rank, world_size, save_and_load, path, delay)
+    result.update(kinds=[kind for kind, _ in calls])
+    return result

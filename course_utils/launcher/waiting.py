@@ -1,17 +1,30 @@
 """Waiting for a launch's ranks: their results, the rank to blame when one fails, and what a timeout
 reports (notebook 05). ``course_utils.distributed.launch`` starts the ranks and calls
 :func:`wait_for`; the errors it raises are importable from ``course_utils.distributed``.
+
+Slow or stuck? A wall clock cannot tell: on a busy machine (a laptop with a browser open, Colab's
+two vCPUs, a test run's own workers) a right program takes several times longer. Inside
+:func:`watching_stalls` (the exercise checks use it) a launch therefore decides from evidence: the
+unfinished ranks are stuck when, all of them together, they have not used the CPU for
+:data:`STALL_S` (a rank waiting in a collective its peers never call sleeps in the kernel; a rank
+that computes, imports torch or is only slowed by other processes keeps using some), and they
+run away when one of them has used :data:`CPU_BUDGET_S` of CPU. The launch's ``timeout_s`` stays
+the last resort.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from .processes import RankHandle, RankResult, stacks_of, stop
 
-__all__ = ["LaunchTimeout", "RankError", "wait_for"]
+__all__ = ["CPU_BUDGET_S", "STALL_S", "LaunchTimeout", "RankError", "Stalls", "wait_for", "watching_stalls"]
 
 #: after a rank failed, how long to wait for the other ranks' evidence before blaming the first
 EVIDENCE_S = 0.5
@@ -25,6 +38,81 @@ _PEER_FAILED = re.compile(r"gloo/transport|Connection (?:closed|reset) by peer|B
 EXIT_GRACE_S = 10.0
 #: how often the launcher polls the ranks
 POLL_S = 0.02
+#: stuck: the unfinished ranks together used less than IDLE_CPU_S of CPU in the last STALL_S
+#: seconds. A rank blocked in a gloo collective uses none (measured: 0.00 s in 5 s); one that
+#: runs, however starved by other processes, gets some of every scheduler period.
+STALL_S, IDLE_CPU_S = 5.0, 0.05
+#: runaway: one rank (with the processes it started) used this much CPU. A right answer of the
+#: course's checks uses under 1 s forked, about 3 s as a fresh interpreter (imports included).
+CPU_BUDGET_S = 20.0
+#: how often the CPU times of the ranks are read
+CPU_POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class Stalls:
+    """How a launch inside :func:`watching_stalls` tells slow from stuck (see the module's text)."""
+
+    stall_s: float = STALL_S
+    idle_cpu_s: float = IDLE_CPU_S
+    cpu_budget_s: float = CPU_BUDGET_S
+
+
+_STALLS: contextvars.ContextVar[Stalls | None] = contextvars.ContextVar("course_stalls", default=None)
+
+
+@contextlib.contextmanager
+def watching_stalls(stalls: Stalls | None = None) -> Iterator[Stalls]:
+    """Inside the block, a launch stops its ranks when they are stuck or run away (see above), not
+    only at its ``timeout_s``: :class:`LaunchTimeout` then says which (``cause``)."""
+    stalls = stalls or Stalls()
+    token = _STALLS.set(stalls)
+    try:
+        yield stalls
+    finally:
+        _STALLS.reset(token)
+
+
+def _cpu_seconds(handle: RankHandle) -> float | None:
+    """CPU seconds (user + system) a rank and the processes it started have used; None once gone."""
+    import psutil
+
+    try:
+        process = psutil.Process(handle.process.pid)
+        total = sum(process.cpu_times()[:2])
+        for child in process.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                total += sum(child.cpu_times()[:2])
+        return total
+    except psutil.Error:
+        return None
+
+
+class _Watch:
+    """The evidence on the unfinished ranks, read every CPU_POLL_S: their CPU seconds."""
+
+    def __init__(self, stalls: Stalls) -> None:
+        self.stalls = stalls
+        self.read_at = 0.0
+        self.mark: tuple[float, float] | None = None  # (when, CPU seconds) at the last progress
+        self.ranks: frozenset[int] = frozenset()
+
+    def verdict(self, stuck: list[RankHandle]) -> str | None:
+        """``"stalled"``, ``"runaway"`` or None (progress, or too soon to say)."""
+        now = time.monotonic()
+        if now - self.read_at < CPU_POLL_S:
+            return None
+        self.read_at = now
+        seconds = {r.rank: _cpu_seconds(r) for r in stuck}
+        if any(s is None for s in seconds.values()):
+            return None  # a rank is exiting: the launcher sees it at its next poll
+        if any(s > self.stalls.cpu_budget_s for s in seconds.values()):
+            return "runaway"
+        total, ranks = sum(seconds.values()), frozenset(seconds)
+        if self.mark is None or ranks != self.ranks or total - self.mark[1] >= self.stalls.idle_cpu_s:
+            self.mark, self.ranks = (now, total), ranks  # progress (or other ranks): start again
+            return None
+        return "stalled" if now - self.mark[0] >= self.stalls.stall_s else None
 
 
 
@@ -51,11 +139,16 @@ class LaunchTimeout(TimeoutError):
 
     ``stacks`` maps each stuck rank to the lines of its Python stack at the timeout (most recent
     call last), when ``launch(..., stacks=True)`` could get them; it is empty otherwise.
+    ``cause`` is ``"time"`` (``timeout_s`` ran out), or inside :func:`watching_stalls`
+    ``"stalled"`` (no unfinished rank used the CPU for ``stall_s``: they wait for each other) or
+    ``"runaway"`` (a rank used ``cpu_budget_s`` of CPU: a loop that does not end, say).
     """
 
-    def __init__(self, message: str, stacks: dict[int, list[str]] | None = None) -> None:
+    def __init__(self, message: str, stacks: dict[int, list[str]] | None = None,
+                 cause: str = "time") -> None:
         super().__init__(message)
         self.stacks = stacks or {}
+        self.cause = cause
 
 
 def _is_echo(result: RankResult) -> bool:
@@ -74,6 +167,8 @@ def wait_for(ranks: list[RankHandle], timeout_s: float, echo: bool, stacks: bool
     :class:`RankError` (the rank that failed first and not as an echo of a peer) or
     :class:`LaunchTimeout` (with the stuck ranks' stacks when ``stacks``)."""
     deadline = time.monotonic() + timeout_s
+    stalls = _STALLS.get()
+    watch = _Watch(stalls) if stalls is not None else None
     results: dict[int, RankResult] = {}
     exited_at: dict[int, float] = {}
     trouble_since: float | None = None
@@ -117,27 +212,42 @@ def wait_for(ranks: list[RankHandle], timeout_s: float, echo: bool, stacks: bool
             trouble_since = trouble_since or time.monotonic()
             if time.monotonic() - trouble_since > EXIT_GRACE_S:
                 break
-        if time.monotonic() > deadline:
-            done = sorted(results)
-            stuck = [r for r in ranks if r.rank not in results]
-            where = stacks_of(stuck) if stacks else {}
-            reports = []
-            for r in stuck:
-                if r.rank in where:
-                    reports.append(f"--- where rank {r.rank} was (most recent call last) ---\n"
-                                   + ("\n".join(where[r.rank]) or "(no Python frame)"))
-                reports.append(f"--- last output of rank {r.rank} ---\n"
-                               + ("\n".join(r.output(keep_logs=True)[-10:]) or "(nothing)"))
-            stop(ranks)
-            raise LaunchTimeout(
-                f"the ranks did not finish within {timeout_s:g} s: rank(s) "
-                f"{[r.rank for r in stuck]} were still running (finished: {done or 'none'}). All "
-                f"ranks were stopped. A rank that waits in a collective its peers never call "
-                f"blocks forever; check that every rank makes the same collective calls in the "
-                f"same order.\n" + "\n".join(reports), where)
+        cause = "time" if time.monotonic() > deadline else None
+        unfinished = [r for r in ranks if r.rank not in results]
+        if cause is None and watch is not None and unfinished:
+            cause = watch.verdict(unfinished)
+        if cause is not None:
+            _give_up(ranks, results, stacks, cause, timeout_s, stalls)
         time.sleep(POLL_S)
     if echo:
         for r in ranks:
             for line in r.output():
                 print(f"[rank {r.rank}] {line}")
     return [results[r.rank].value for r in ranks]
+
+
+def _give_up(ranks: list[RankHandle], results: dict[int, RankResult], stacks: bool, cause: str,
+             timeout_s: float, stalls: Stalls | None) -> None:
+    """Stop every rank and raise :class:`LaunchTimeout` with the stuck ranks' stacks and output."""
+    done = sorted(results)
+    stuck = [r for r in ranks if r.rank not in results]
+    where = stacks_of(stuck) if stacks else {}
+    reports = []
+    for r in stuck:
+        if r.rank in where:
+            reports.append(f"--- where rank {r.rank} was (most recent call last) ---\n"
+                           + ("\n".join(where[r.rank]) or "(no Python frame)"))
+        reports.append(f"--- last output of rank {r.rank} ---\n"
+                       + ("\n".join(r.output(keep_logs=True)[-10:]) or "(nothing)"))
+    stop(ranks)
+    if cause == "stalled" and stalls is not None:
+        what = f"the ranks made no progress for {stalls.stall_s:g} s (none used the CPU)"
+    elif cause == "runaway" and stalls is not None:
+        what = f"a rank used {stalls.cpu_budget_s:g} s of CPU without finishing"
+    else:
+        what = f"the ranks did not finish within {timeout_s:g} s"
+    raise LaunchTimeout(
+        f"{what}: rank(s) {[r.rank for r in stuck]} were still running (finished: {done or 'none'}). "
+        f"All ranks were stopped. A rank that waits in a collective its peers never call "
+        f"blocks forever; check that every rank makes the same collective calls in the "
+        f"same order.\n" + "\n".join(reports), where, cause)
