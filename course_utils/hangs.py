@@ -20,7 +20,7 @@ from typing import Any
 
 from .distributed import LaunchTimeout, launch
 from .flight_recorder import read_flight_records, recording_flight
-from .launcher.forkserver import cuda_visible
+from .launcher.forkserver import fresh_starts
 
 __all__ = ["HANG_FRESH_S", "HANG_S", "ZOO_BACKEND", "Hang", "hang_limit", "run_broken", "where_stuck"]
 
@@ -71,9 +71,10 @@ def where_stuck(stacks: dict[int, list[str]], last: int = 3) -> dict[int, str]:
 
 
 def hang_limit() -> float:
-    """The seconds a broken program gets here: :data:`HANG_S`, or :data:`HANG_FRESH_S` where a GPU
-    is visible (ranks are then fresh interpreters)."""
-    return HANG_FRESH_S if cuda_visible() else HANG_S
+    """The seconds a broken program gets here: :data:`HANG_S`, or :data:`HANG_FRESH_S` where ranks
+    start as fresh interpreters, each importing torch first (with a GPU visible, off Linux, or
+    with ``COURSE_START=subprocess``)."""
+    return HANG_FRESH_S if fresh_starts(ZOO_BACKEND) else HANG_S
 
 
 @dataclasses.dataclass
