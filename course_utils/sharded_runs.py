@@ -149,8 +149,9 @@ def zero_by_hand_rank(rank: int, world_size: int, stages: Sequence[int] = (0, 1,
 
 
 def shard_layers(model: nn.Module, *, mixed_precision: bool = False,
-                 reshard_after_forward: bool | None = None) -> nn.Module:
-    """FSDP2: ``fully_shard`` on each ``nn.Linear`` of ``model`` (one unit each), then on the root.
+                 reshard_after_forward: bool | None = None, mesh: Any = None) -> nn.Module:
+    """FSDP2: ``fully_shard`` on each ``nn.Linear`` of ``model`` (one unit each), then on the root;
+    over all ranks, or over ``mesh`` (a 2-D ``DeviceMesh``: HSDP, :mod:`course_utils.mesh_runs`).
 
     ``reshard_after_forward``: ``fully_shard``'s own default, ``None``, frees each layer's gathered
     parameters after its forward but keeps the root's (it has none of its own here); ``False``
@@ -161,8 +162,8 @@ def shard_layers(model: nn.Module, *, mixed_precision: bool = False,
         if mixed_precision else MixedPrecisionPolicy()
     for layer in model.modules():
         if isinstance(layer, nn.Linear) and layer is not model:
-            fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+            fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     return model
 
 

@@ -14,10 +14,13 @@ ZeRO-1    pΨ             gΨ             KΨ/N
 ZeRO-2    pΨ             gΨ/N           KΨ/N
 ZeRO-3    pΨ/N           gΨ/N           KΨ/N
 FSDP      as ZeRO-3, each parameter's rows split as ``torch.chunk`` splits them
+HSDP      as FSDP, over the G ranks of one node (N nodes of G: the model is replicated N times)
 ========= ============== ============== ===============
 
 Bytes each rank sends per step (ring collectives): DDP, ZeRO-1 and ZeRO-2 ``2 sΨ (N-1)/N``,
-ZeRO-3 ``3 sΨ (N-1)/N`` (a second all-gather of the parameters, for backward).
+ZeRO-3 ``3 sΨ (N-1)/N`` (a second all-gather of the parameters, for backward). On N nodes of G
+ranks (``link_bytes_per_step``), DDP and FSDP run on one group of all NG ranks, which spans the
+nodes; HSDP sends ``3 sΨ (G-1)/G`` inside its node and ``2 (sΨ/G)(N-1)/N`` between nodes.
 """
 
 from __future__ import annotations
@@ -51,11 +54,13 @@ __all__ = [
     "SHARDED",
     "ShardedLedger",
     "api_rank",
+    "LINKS",
     "comm_bytes_per_step",
     "cuda_peak",
     "dcp_load_rank",
     "fsdp_local_numel",
     "fsdp_model",
+    "link_bytes_per_step",
     "logged_collectives",
     "model_state_bytes",
     "sharded_bytes",
@@ -76,8 +81,9 @@ BYTES_PER_PARAMETER = {"fp32": (4, 4, 8), "autocast": (4, 4, 8), "master_weights
 
 #: strategy -> (parameters, gradients, optimizer state) sharded?
 SHARDED = {"ddp": (False, False, False), "zero1": (False, False, True), "zero2": (False, True, True),
-           "zero3": (True, True, True), "fsdp": (True, True, True)}
-_LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "fsdp": "FSDP"}
+           "zero3": (True, True, True), "fsdp": (True, True, True), "hsdp": (True, True, True)}
+_LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "fsdp": "FSDP",
+           "hsdp": "HSDP"}
 
 
 def _check_strategy(strategy: str) -> None:
@@ -103,10 +109,12 @@ def sharded_bytes(numels: Sequence[int], world_size: int, strategy: str, *, rank
 
     ``numels``: elements of each flat unit (for ZeRO, ``ZeroByHand`` pads each to a multiple of N,
     and so does this count); for ``"fsdp"``, ``shapes`` (every parameter's shape) is used instead.
+    ``"hsdp"`` counts as ``"fsdp"`` over the ranks of one node: ``world_size`` is then the mesh's
+    ``"shard"`` size (G) and ``rank`` the rank's place along it.
     """
     _check_strategy(strategy)
     world_size = check_positive_int("world_size", world_size)
-    if strategy == "fsdp":
+    if strategy in ("fsdp", "hsdp"):
         shard = full = fsdp_local_numel(shapes, world_size, rank)
     else:
         if any(check_int("numels", n) < 0 for n in numels):
@@ -136,6 +144,35 @@ def comm_bytes_per_step(numel: int, world_size: int, strategy: str, itemsize: in
     return PASSES[strategy] * numel * itemsize * (world_size - 1) / world_size
 
 
+#: where a collective's bytes go: its group's ranks all on one node, or on several
+LINKS = ("inside node", "between nodes")
+
+
+def link_bytes_per_step(numel: int, nodes: int, gpus_per_node: int, strategy: str,
+                        itemsize: int = 4) -> dict[str, float]:
+    """Bytes one rank sends per step on groups inside one node and on groups that span nodes, with
+    ``nodes`` nodes of ``gpus_per_node`` ranks (notebook 08). DDP and FSDP run on one group of all
+    the ranks: with two nodes or more, all of it spans nodes. HSDP reduce-scatters and all-gathers
+    (twice) over the G ranks of its node, ``3 sΨ(G-1)/G``, and all-reduces its gradient shard
+    over the N ranks that hold the same shard, one per node: ``2 (sΨ/G)(N-1)/N``. ``numel``: Ψ
+    after FSDP's padding (each parameter's rows rounded up to a multiple of the ranks sharing it).
+    """
+    if strategy not in ("ddp", "fsdp", "hsdp"):
+        raise ValueError(f"strategy must be one of ('ddp', 'fsdp', 'hsdp'), got {strategy!r}")
+    nodes = check_positive_int("nodes", nodes)
+    gpus = check_positive_int("gpus_per_node", gpus_per_node)
+    if check_int("numel", numel) < 0:
+        raise ValueError(f"numel must be >= 0, got {numel}")
+    if strategy == "hsdp":
+        inside = comm_bytes_per_step(numel, gpus, "fsdp", itemsize)
+        between = 2 * (numel * itemsize / gpus) * (nodes - 1) / nodes
+    else:
+        inside, between = 0.0, comm_bytes_per_step(numel, nodes * gpus, strategy, itemsize)
+        if nodes == 1:
+            inside, between = between, 0.0
+    return dict(zip(LINKS, (inside, between), strict=True))
+
+
 @dataclasses.dataclass
 class ShardedLedger(Ledger):
     """A DDP ledger whose model state is sharded as ``SHARDED[strategy]`` says (notebook 08)."""
@@ -146,7 +183,7 @@ class ShardedLedger(Ledger):
 
 
 def sharded_ledger(spec: ModelSpec, strategy: str, *, batch_size: int, num_devices: int,
-                   mixed_precision: bool | str = False) -> Ledger:
+                   mixed_precision: bool | str = False, gpus_per_node: int | None = None) -> Ledger:
     """Notebook 04's DDP ledger with the model state of ``strategy``; activations unchanged.
 
     ``mixed_precision`` names an accounting of ``BYTES_PER_PARAMETER``: ``"autocast"`` (what
@@ -154,8 +191,14 @@ def sharded_ledger(spec: ModelSpec, strategy: str, *, batch_size: int, num_devic
     ``"master_weights"`` (DeepSpeed, Apex O2: 2 + 2 + 12, the ZeRO paper's (2 + 2 + K)Ψ with
     K = 12). ``True`` is ``"master_weights"`` (notebook 08 follows the paper); ``False``, fp32.
     Activations, inputs and outputs are counted in fp32 either way. No DDP buckets except DDP's.
+    ``"hsdp"`` shards over ``gpus_per_node`` ranks (one node), which must divide ``num_devices``.
     """
     _check_strategy(strategy)
+    shards = num_devices
+    if strategy == "hsdp":
+        shards = check_positive_int("gpus_per_node", gpus_per_node)
+        if check_positive_int("num_devices", num_devices) % shards:
+            raise ValueError(f"gpus_per_node must divide num_devices ({num_devices}), got {shards}")
     if mixed_precision is True or mixed_precision is False:
         mixed_precision = "master_weights" if mixed_precision else "fp32"
     if mixed_precision not in BYTES_PER_PARAMETER:
@@ -163,7 +206,7 @@ def sharded_ledger(spec: ModelSpec, strategy: str, *, batch_size: int, num_devic
                          f"got {mixed_precision!r}")
     base = ledger(spec, "ddp", batch_size=batch_size, num_devices=num_devices)
     sizes = BYTES_PER_PARAMETER[mixed_precision]
-    psi, n = spec.parameters, num_devices
+    psi, n = spec.parameters, shards
     rows = []
     for row in base.rows:
         row = dict(row)

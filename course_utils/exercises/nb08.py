@@ -172,4 +172,75 @@ def _judge_clip(answer: Any) -> str | None:
     return None
 
 
+# ---------------------------------------------------------------- 08.4: bytes between nodes (HSDP)
+
+_CLUSTERS = [(10**9, 2, 8), (10**9, 4, 8), (7 * 10**9, 16, 8), (10**8, 3, 4), (1732, 2, 2), (10**9, 1, 8)]
+
+
+def _hsdp_between(psi: float, nodes: int, gpus: int) -> float:
+    """fp32 gradients: each rank's shard (the model split over a node's GPUs) all-reduced over
+    the replicate group, one rank per node, in a ring."""
+    return 2 * (4 * psi / gpus) * (nodes - 1) / nodes
+
+
+#: wrong formulas learners write -> the hint each one gets
+_BETWEEN_WRONG = [
+    (lambda p, n, g: 3 * 4 * p * (n * g - 1) / (n * g),
+     "that is FSDP over all the ranks, whose every collective spans the nodes: under HSDP the "
+     "parameters are gathered inside the node, and only gradients leave it"),
+    (lambda p, n, g: 2 * 4 * p * (n - 1) / n,
+     "that all-reduces the whole gradient between nodes, as DDP would: under HSDP, what is left of a "
+     "rank's gradient once the ranks of its node have reduce-scattered it?"),
+    (lambda p, n, g: 3 * 4 * p * (g - 1) / g + _hsdp_between(p, n, g),
+     "that adds what the rank sends inside its node: count only the collectives whose group spans nodes"),
+    (lambda p, n, g: 3 * 4 * p * (g - 1) / g,
+     "that is what stays inside the node: the reduce-scatter and all-gathers run on the shard group"),
+    (lambda p, n, g: 2 * (4 * p / g) * (n * g - 1) / (n * g),
+     "the all-reduce between nodes runs on the replicate group: how many ranks are in it?"),
+    (lambda p, n, g: 2 * (4 * p / g) * (g - 1) / g,
+     "the all-reduce between nodes runs on the replicate group: how many ranks are in it?"),
+    (lambda p, n, g: 2 * (4 * p / (n * g)) * (n - 1) / n,
+     "a rank's shard is the model split over the GPUs of its node, not over every rank"),
+    (lambda p, n, g: (4 * p / g) * (n - 1) / n,
+     "an all-reduce is a reduce-scatter followed by an all-gather (notebook 05): count what both "
+     "halves send"),
+    (lambda p, n, g: 2 * (p / g) * (n - 1) / n,
+     "that counts gradient elements: the question asks for bytes, and an fp32 element is 4 of them"),
+    (lambda p, n, g: 2 * (4 * p / g),
+     "in a ring a rank never sends its own share back to itself: try your function with one node, "
+     "where nothing crosses between nodes"),
+]
+
+
+def _judge_between_nodes(answer: Any) -> str | None:
+    if not callable(answer):
+        return (f"write a function of psi, nodes and gpus (a lambda, as shipped), not "
+                f"{type(answer).__name__}: the check tries several clusters")
+    got = []
+    for psi, nodes, gpus in _CLUSTERS:
+        value = answer(psi, nodes, gpus)
+        if value is Ellipsis:
+            raise NotImplementedError  # the answer cell as shipped
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"your function must return a number of bytes, not {type(value).__name__}"
+        got.append(value)
+
+    def matches(formula: Any) -> bool:
+        return all(math.isclose(v, formula(*c), rel_tol=1e-6, abs_tol=1e-6)
+                   for v, c in zip(got, _CLUSTERS, strict=True))
+
+    if matches(_hsdp_between):
+        return None
+    for formula, hint in _BETWEEN_WRONG:
+        if matches(formula):
+            return hint
+    if len(set(got)) == 1:
+        return "your function gives the same number for every cluster: use psi, nodes and gpus"
+    return ("list the collectives HSDP runs in a step and the group each runs on, keep those whose "
+            "group spans nodes, then count what one rank sends in each (the ring of notebook 05)")
+
+
+CASES["08.4"] = [f"Ψ = {psi:g} parameters, {nodes} node(s) of {gpus} GPUs" for psi, nodes, gpus in _CLUSTERS]
+
+
 EXERCISES = load_bank(__name__)
