@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,13 +22,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .compat import dump_flight_recorder
-from .ddp_by_hand import DDPByHand, Timeline, average_gradients, broadcast_from_rank_0
+from .ddp_by_hand import DDPByHand, Event, Timeline, average_gradients, broadcast_from_rank_0
 from .devices import rank_device, wrap_ddp
 from .models import seeded
 from .snapshots import state_copy
 
 __all__ = ["VERSIONS", "comm_heavy_model", "lesson_batches", "lesson_model", "step_times_rank",
-           "train_one_process", "train_rank"]
+           "timeline_intervals", "train_one_process", "train_rank"]
 
 #: the four ways to keep the ranks' models equal: the three by hand, then torch's DDP
 VERSIONS = ("after_backward", "per_parameter", "bucketed", "torch_ddp")
@@ -78,7 +79,8 @@ def _between(earlier: list[tuple[int, int]], later: list[tuple[int, int]]) -> li
 
 def train_rank(rank: int, world_size: int, version: str, bucket_cap_mb: float | None = None, *,
                steps: int = 3, tied: bool = False, frozen: bool = False,
-               seeded_differently: bool = False, count: bool = False, record: bool = False) -> dict:
+               seeded_differently: bool = False, count: bool = False, record: bool = False,
+               wrapper: Callable[..., nn.Module] | None = None) -> dict:
     """Train ``lesson_model`` for ``steps`` SGD steps (momentum 0.9) under ``version`` (one of
     ``VERSIONS``; ``bucketed`` uses ``bucket_cap_mb``), each rank on its slice of every batch.
 
@@ -86,7 +88,9 @@ def train_rank(rank: int, world_size: int, version: str, bucket_cap_mb: float | 
     events, with ``record``), ``buckets`` (the names in each bucket, for the versions by hand) and,
     with ``count``, per step the elements of each all-reduce that ran ``during`` the backward pass
     and ``after`` it, until the gradients were synchronised. ``seeded_differently``: rank r builds
-    its model under seed r, and the version must make the ranks equal.
+    its model under seed r, and the version must make the ranks equal. ``wrapper``: a class built
+    as ``wrapper(model, bucket_cap_mb)`` in place of :class:`DDPByHand` (a learner's answer), with
+    the same ``finish_gradient_synchronization()``; it records no timeline.
     """
     device = rank_device()
     model = lesson_model(tied, frozen, seed=rank if seeded_differently else 0).to(device)
@@ -97,7 +101,8 @@ def train_rank(rank: int, world_size: int, version: str, bucket_cap_mb: float | 
     elif version == "torch_ddp":
         ddp_model = wrap_ddp(model, device)
     else:
-        ddp_model = DDPByHand(model, bucket_cap_mb if version == "bucketed" else None, timeline)
+        cap = bucket_cap_mb if version == "bucketed" else None
+        ddp_model = DDPByHand(model, cap, timeline) if wrapper is None else wrapper(model, cap)
     names = {param: name for name, param in model.named_parameters()}
     buckets = [[names[p] for p in bucket] for bucket in getattr(ddp_model, "buckets", [])]
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=LR, momentum=0.9)
@@ -133,6 +138,32 @@ def train_one_process(steps: int = 3, tied: bool = False, frozen: bool = False) 
         F.mse_loss(model(x), y).backward()
         optimizer.step()
     return state_copy(model)
+
+
+def timeline_intervals(events: Sequence[Event], t0: float | None = None) -> dict[str, list[tuple]]:
+    """A rank's events as the bars of a timeline, in seconds from ``t0`` (default: its first event).
+
+    ``backward``: (start, end) of each backward pass; ``all_reduce``: (index, start, done) of each
+    all-reduce, ``done`` being ``None`` if the backend's "done" was not recorded; ``wait``: (index,
+    start, end) of each wait. Give every rank the same ``t0`` to draw them on one axis.
+    """
+    t0 = min(e.t for e in events) if t0 is None else t0
+    bars: dict[str, list[tuple]] = {"backward": [], "all_reduce": [], "wait": []}
+    open_: dict[tuple[str, int | None], float] = {}
+    for e in events:
+        kind, _, edge = e.what.rpartition("_")
+        if edge == "start":
+            if kind == "all_reduce":  # a new all-reduce of this index: the last one of it is over
+                bars["all_reduce"].append((e.index, e.t - t0, None))
+            else:
+                open_[kind, e.index] = e.t
+        elif kind == "all_reduce":  # done: the latest all-reduce of this index not yet done
+            at = max(i for i, bar in enumerate(bars["all_reduce"]) if bar[0] == e.index and bar[2] is None)
+            bars["all_reduce"][at] = (e.index, bars["all_reduce"][at][1], e.t - t0)
+        else:
+            start = open_.pop((kind, e.index)) - t0
+            bars[kind].append((start, e.t - t0) if kind == "backward" else (e.index, start, e.t - t0))
+    return bars
 
 
 def comm_heavy_model(width: int, layers: int = 4) -> nn.Module:

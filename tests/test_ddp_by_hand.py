@@ -4,12 +4,14 @@ few); ranks seeded differently, a tied weight, a frozen parameter. The all-reduc
 the process group's Flight Recorder (what ran, whoever called it), and the order of events from
 each rank's timeline. Every rank function runs in one launch per world size."""
 
+import functools
+
 import pytest
 import torch
 from torch import nn
 
-from course_utils.ddp_by_hand import DDPByHand, Timeline, assign_buckets
-from course_utils.ddp_by_hand_runs import lesson_model, train_one_process, train_rank
+from course_utils.ddp_by_hand import DDPByHand, Event, Timeline, assign_buckets
+from course_utils.ddp_by_hand_runs import lesson_model, timeline_intervals, train_one_process, train_rank
 from course_utils.distributed import launch
 
 #: bucket caps (MB) on lesson_model (3024 bytes of parameters, the largest 1024): below the
@@ -182,3 +184,52 @@ def test_a_timeline_that_does_not_record_keeps_nothing():
     for timeline in (silent, kept):
         timeline.mark("backward_start")
     assert silent.events == [] and [e.what for e in kept.events] == ["backward_start"]
+
+
+def test_timeline_intervals_pairs_each_start_with_its_end():
+    events = [Event(*e) for e in [
+        ("backward_start", None, 10.0), ("all_reduce_start", 0, 10.5), ("all_reduce_start", 1, 10.6),
+        ("all_reduce_done", 0, 10.7), ("backward_end", None, 11.0), ("wait_start", 0, 11.1),
+        ("wait_end", 0, 11.1), ("wait_start", 1, 11.2), ("all_reduce_done", 1, 11.5),
+        ("wait_end", 1, 11.5), ("backward_start", None, 12.0), ("all_reduce_start", 0, 12.5)]]
+    bars = timeline_intervals(events, t0=10.0)
+    rounded = {kind: [tuple(None if x is None else round(x, 6) for x in bar) for bar in kind_bars]
+               for kind, kind_bars in bars.items()}
+    assert rounded == {"backward": [(0.0, 1.0)],  # the second pass has not ended
+                       "all_reduce": [(0, 0.5, 0.7), (1, 0.6, 1.5), (0, 2.5, None)],  # the last not done
+                       "wait": [(0, 1.1, 1.1), (1, 1.2, 1.5)]}
+    assert timeline_intervals(events)["backward"] == bars["backward"]  # t0: the first event
+
+
+class NoSync(nn.Module):
+    """A wrapper that synchronises nothing (a learner's empty answer)."""
+
+    def __init__(self, module, bucket_cap_mb=None):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return self.module(x)
+
+    def finish_gradient_synchronization(self):
+        pass
+
+
+def test_train_rank_trains_the_wrapper_it_is_given():
+    """What a judge needs: train_rank builds the learner's class; one that never synchronises
+    leaves every rank with a model of its own."""
+    ranks = launch(functools.partial(train_rank, wrapper=NoSync), 2, "per_parameter", echo=False,
+                   backend="gloo")
+    assert not torch.equal(ranks[0]["params"]["6.bias"], ranks[1]["params"]["6.bias"])
+
+
+@pytest.mark.parametrize("version, cap", [("per_parameter", None), ("bucketed", CAPS["a few"]),
+                                          ("after_backward", None)])
+def test_every_recorded_all_reduce_becomes_a_bar_that_ends_after_it_starts(runs, version, cap):
+    for result in runs["tied", version, cap]:
+        bars = timeline_intervals(result["events"])
+        assert len(bars["backward"]) == STEPS
+        per_step = len(result["buckets"]) or len(_trainable_numels({"tied": True}))  # after backward
+        assert len(bars["all_reduce"]) == STEPS * per_step
+        assert all(done is not None and done >= start for _, start, done in bars["all_reduce"])
+        assert len(bars["wait"]) == (0 if version == "after_backward" else len(bars["all_reduce"]))
