@@ -47,12 +47,15 @@ def test_measure_strategies_bad_arguments(kwargs, message):
 
 
 def test_make_bench_prints_every_figure(capsys):
-    """``make bench --quick``: every figure once on a tiny job, FSDP's step time over DDP's included."""
+    """``make bench --quick``: every figure once on a tiny job, FSDP's step time over DDP's and DDP
+    by hand's over torch's DDP included."""
     bench.main(["--quick"])
     out = capsys.readouterr().out
     figures = ["DDP scaling, 2 ranks / 1 rank", "ring all-reduce / gloo, 1 MB", "launch (forked) / torchrun",
                "launch (forked) / launch (fresh interpreters)", "emulated DP (2 sim) / plain, small",
-               "emulated DP (2 sim) / plain, large", "FSDP / DDP step time, 2 ranks, same job"]
+               "emulated DP (2 sim) / plain, large", "FSDP / DDP step time, 2 ranks, same job",
+               "DDP by hand, bucketed / torch DDP", "DDP by hand, per parameter / torch DDP",
+               "DDP by hand, after backward / torch DDP"]
     for figure in figures:
         line = next(line for line in out.splitlines() if line.startswith(figure))
         # "<figure>   <a> / <b> [unit]   <ratio>  <note>": the ratio is a / b (the ring's, b / a: a

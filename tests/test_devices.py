@@ -14,6 +14,7 @@ from torch import nn
 
 import course_utils
 from course_utils import devices, training_bugs
+from course_utils.ddp_by_hand_runs import VERSIONS
 from course_utils.ddp_train import TrainConfig
 from course_utils.distributed import launch
 from course_utils.strategy_harness import STRATEGIES, strategy_placement
@@ -112,6 +113,9 @@ def test_bench_figures_all_run_on_the_cpu_with_gloo(monkeypatch, capsys):
                      "where": "cpu"}] * world_size
         if fn.__name__ == "_ring_rank":
             return [{mb: (1.0, 1.0) for mb in args[0]}] * world_size
+        if fn.__name__ == "step_times_rank":
+            return [{"step_s": dict.fromkeys(VERSIONS, 1.0),
+                     "buckets": {"bucketed": 1, "torch_ddp": 1}}] * world_size
         return list(range(world_size))
 
     class FakeJob:
@@ -249,6 +253,12 @@ CASES = {
     "training_bugs.wrapped_keys": (1, ()),
     "training_bugs.train_joined_logging": (2, ([3, 2], False)),
     "gradient_compression.torch_bf16_hook": (2, ("a CUDA build with NCCL 2.21", 2)),
+    # notebook 06: DDP by hand, every version, and make bench's step times
+    "ddp_by_hand_runs.train_rank after_backward": (2, ("after_backward",)),
+    "ddp_by_hand_runs.train_rank per_parameter": (2, ("per_parameter",)),
+    "ddp_by_hand_runs.train_rank bucketed": (2, ("bucketed", 0.0015)),
+    "ddp_by_hand_runs.train_rank torch_ddp": (2, ("torch_ddp",)),
+    "ddp_by_hand_runs.step_times_rank": (2, (64, 8, 0.01, 1)),
 }
 #: Rank functions that cannot finish under the audit, and why that is safe.
 EXEMPT = {

@@ -1,7 +1,8 @@
 """``make bench``: the course's performance figures, measured on this machine.
 
-It prints five comparisons, each side by side, the median of at least 5 repeats: DDP
-scaling, ring all-reduce against gloo's, ``launch`` against torchrun, DataParallel's overhead, FSDP/DDP.
+It prints six comparisons, each side by side, the median of at least 5 repeats: DDP
+scaling, ring all-reduce against gloo's, ``launch`` against torchrun, DataParallel's overhead, FSDP/DDP,
+and DDP by hand (after backward, per parameter, bucketed) against torch's DDP.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from ..strategy_harness import (
 )
 
 __all__ = ["main"]
+
+#: DDP by hand against torch's DDP: the model's width (4 square layers of 4 MiB each at 1024),
+#: rows per rank, and the bucket cap both bucketed versions use (4 buckets by hand at 1024)
+BY_HAND_WIDTH, BY_HAND_ROWS, BY_HAND_CAP_MB = 1024, 32, 5.0
 
 
 def _ring_rank(rank: int, world_size: int, sizes_mb: Sequence[int], repeats: int) -> dict:
@@ -76,7 +81,7 @@ def _dp_overhead(width: int, rows: int, repeats: int) -> tuple[float, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Print the machine and the five figures of ``make bench``."""
+    """Print the machine and the six figures of ``make bench``."""
     import argparse
 
     from ..devices import BACKEND_VARIABLE
@@ -144,6 +149,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     ddp_s, fsdp_s = records["ddp_2"]["step_time_s"], records["fsdp_2"]["step_time_s"]
     rows.append(("FSDP / DDP step time, 2 ranks, same job (s)", f"{fsdp_s:7.3f} / {ddp_s:7.3f} s",
                  fsdp_s / ddp_s, "ZeRO-3 sends 1.5x DDP's bytes; overlap decides the rest"))
+
+    # 6. DDP by hand (notebook 06) against torch's DDP: one step of each version in turn, 2 ranks,
+    #    on a model whose gradients take about as long to send as to compute
+    from ..ddp_by_hand_runs import step_times_rank
+
+    width, per_rank = (64, 8) if args.quick else (BY_HAND_WIDTH, BY_HAND_ROWS)
+    by_hand = cpu_launch(step_times_rank, 2, width, per_rank, BY_HAND_CAP_MB, 2 * repeats)[0]
+    step_s, ddp_step = by_hand["step_s"], by_hand["step_s"]["torch_ddp"]
+    buckets = by_hand["buckets"]
+    for version, label, note in (
+            ("bucketed", "bucketed", f"goal <= 1.2; {buckets['bucketed']} buckets by hand, "
+                                     f"{buckets['torch_ddp']} in DDP, cap {BY_HAND_CAP_MB:g} MB"),
+            ("per_parameter", "per parameter", "one all-reduce per parameter, from hooks"),
+            ("after_backward", "after backward", "one all-reduce per parameter, after backward")):
+        rows.append((f"DDP by hand, {label} / torch DDP, 2 ranks, w={width} (step ms)",
+                     f"{step_s[version] * 1e3:7.2f} / {ddp_step * 1e3:7.2f} ms",
+                     step_s[version] / ddp_step, note))
 
     width0 = max(len(r[0]) for r in rows)
     print(f"{'figure':{width0}}  {'measured':>22}  {'ratio':>6}  note")

@@ -1,0 +1,235 @@
+"""DDP by hand (notebook 06) equals torch's DDP and one process, on 2 and 3 gloo ranks: after
+backward, one all-reduce per parameter from hooks, and buckets (one per parameter, one for all, a
+few); ranks seeded differently, a tied weight, a frozen parameter. The all-reduces are counted from
+the process group's Flight Recorder (what ran, whoever called it), and the order of events from
+each rank's timeline. Every rank function runs in one launch per world size."""
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+from course_utils.ddp_by_hand import DDPByHand, Event, Timeline, assign_buckets
+from course_utils.ddp_by_hand_runs import lesson_model, timeline_intervals, train_one_process, train_rank
+from course_utils.distributed import launch
+
+#: bucket caps (MB) on lesson_model (3024 bytes of parameters, the largest 1024): below the
+#: smallest parameter (16 bytes), so one bucket each; above the whole model; and 1572 bytes
+CAPS = {"one per parameter": 1e-6, "one for all": 1.0, "a few": 0.0015}
+#: (version, cap) pairs, the reference last
+RUNS = [("after_backward", None), ("per_parameter", None),
+        *(("bucketed", cap) for cap in CAPS.values()), ("torch_ddp", None)]
+#: the models: ranks seeded differently, a tied weight, a frozen weight
+MODELS = {"seeded differently": {"seeded_differently": True}, "tied": {"tied": True},
+          "frozen": {"frozen": True}}
+STEPS = 3
+
+
+def _every_run(rank, world_size):
+    """Every (model, version, cap) in turn, in this one group."""
+    import torch.distributed as dist
+
+    results = {}
+    for model, options in MODELS.items():
+        for version, cap in RUNS:
+            results[model, version, cap] = train_rank(rank, world_size, version, cap, steps=STEPS,
+                                                      count=True, record=True, **options)
+            dist.barrier()
+    return results
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2 ranks", "3 ranks"])
+def runs(request):
+    per_rank = launch(_every_run, request.param, echo=False, backend="gloo", timeout_s=240)
+    return {key: [ranks[key] for ranks in per_rank] for key in per_rank[0]}
+
+
+def _trainable_numels(options):
+    model = lesson_model(options.get("tied", False), options.get("frozen", False))
+    return [p.numel() for p in model.parameters() if p.requires_grad]
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize(("version", "cap"), RUNS[:-1], ids=["after backward", "per parameter",
+                                                             *(f"buckets, {c}" for c in CAPS)])
+def test_every_version_equals_torch_ddp_and_one_process(runs, model, version, cap):
+    ddp = runs[model, "torch_ddp", None][0]["params"]
+    options = {k: v for k, v in MODELS[model].items() if k != "seeded_differently"}
+    one_process = train_one_process(STEPS, **options)
+    for result in runs[model, version, cap]:
+        assert result["params"].keys() == ddp.keys()
+        for name, value in result["params"].items():
+            torch.testing.assert_close(value, ddp[name], msg=lambda m, n=name: f"{n}: {m}")
+            torch.testing.assert_close(value, one_process[name], msg=lambda m, n=name: f"{n}: {m}")
+    # every rank holds the same model: the same all-reduced gradients, bit for bit
+    first = runs[model, version, cap][0]["params"]
+    assert all(torch.equal(r["params"][k], first[k]) for r in runs[model, version, cap] for k in first)
+
+
+def test_seeded_differently_really_starts_different():
+    assert not torch.equal(lesson_model(seed=0)[0].weight, lesson_model(seed=1)[0].weight)
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_after_backward_sends_one_all_reduce_per_parameter_after_the_backward_pass(runs, model):
+    numels = _trainable_numels(MODELS[model])
+    for result in runs[model, "after_backward", None]:
+        assert result["counts"] == [{"during": [], "after": numels}] * STEPS
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_per_parameter_sends_one_all_reduce_per_parameter_during_the_backward_pass(runs, model):
+    """A tied weight is one parameter (reduced once); a frozen one is never sent. The gradients
+    arrive last layer first."""
+    numels = _trainable_numels(MODELS[model])
+    for result in runs[model, "per_parameter", None]:
+        assert len(result["buckets"]) == len(numels)
+        for step in result["counts"]:
+            assert step["after"] == [] and sorted(step["during"]) == sorted(numels)
+            assert step["during"][0] == numels[-1]  # the last layer's bias comes first
+
+
+def test_a_few_buckets_on_the_lesson_model():
+    assert [len(b) for b in assign_buckets(lesson_model().parameters(), CAPS["a few"])] == [5, 2, 1]
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("cap", list(CAPS))
+def test_bucketed_sends_one_all_reduce_per_bucket_during_the_backward_pass(runs, model, cap):
+    options = MODELS[model]
+    local = lesson_model(options.get("tied", False), options.get("frozen", False))
+    params = dict(local.named_parameters())
+    names = {p: n for n, p in params.items()}
+    expected = [[names[p] for p in bucket] for bucket in
+                assign_buckets([p for p in local.parameters() if p.requires_grad], CAPS[cap])]
+    # the tied weight counts once, the frozen one not at all: two buckets of "a few" remain
+    count = {"one per parameter": len(_trainable_numels(options)), "one for all": 1,
+             "a few": 3 if model == "seeded differently" else 2}[cap]
+    for result in runs[model, "bucketed", CAPS[cap]]:
+        assert result["buckets"] == expected and len(expected) == count
+        bucket_numels = [sum(params[name].numel() for name in bucket) for bucket in result["buckets"]]
+        assert result["counts"] == [{"during": bucket_numels, "after": []}] * STEPS
+
+
+def _steps(events):
+    """The timeline cut into steps, each a list of (what, index)."""
+    steps = []
+    for e in events:
+        if e.what == "backward_start":
+            steps.append([])
+        steps[-1].append((e.what, e.index))
+    return steps
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_per_parameter_starts_all_reduces_before_the_backward_pass_ends(runs, model):
+    """From the recorded events: with hooks, the all-reduces start inside backward; after backward,
+    none does. The times agree with the order."""
+    for result in runs[model, "per_parameter", None]:
+        assert len(_steps(result["events"])) == STEPS
+        for step in _steps(result["events"]):
+            first_start = step.index(("all_reduce_start", 0))
+            assert first_start < step.index(("backward_end", None))
+            assert sum(what == "all_reduce_start" for what, _ in step) == len(result["buckets"])
+        # the events of the training thread (all but the backend's "done") in the order of their times
+        times = [e.t for e in result["events"] if e.what != "all_reduce_done"]
+        assert times == sorted(times)
+    for result in runs[model, "after_backward", None]:
+        for step in _steps(result["events"]):
+            assert step[1] == ("backward_end", None) and step[2] == ("all_reduce_start", 0)
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_every_all_reduce_is_waited_for_once_and_done_before_its_wait_ends(runs, model):
+    for result in runs[model, "bucketed", CAPS["a few"]]:
+        for step in _steps(result["events"]):
+            buckets = range(len(result["buckets"]))
+            assert [i for what, i in step if what == "wait_end"] == list(buckets)
+            for b in buckets:
+                assert step.index(("all_reduce_done", b)) < step.index(("wait_end", b))
+                assert step.index(("backward_end", None)) < step.index(("wait_start", b))
+
+
+def _wrapper_basics(rank, world_size):
+    model = lesson_model(seed=rank)
+    ddp_model = DDPByHand(model, bucket_cap_mb=1)
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    same_forward = torch.equal(ddp_model(x), model(x))
+    keys = list(ddp_model.state_dict())
+    ddp_model = None
+    return {"module": keys, "forward": same_forward, "weight": model[0].weight.detach().clone()}
+
+
+def test_the_wrapper_keeps_the_module_and_its_forward_and_broadcasts_rank_0():
+    ranks = launch(_wrapper_basics, 2, echo=False, backend="gloo")
+    expected = ["module." + k for k in lesson_model().state_dict()]
+    for r in ranks:
+        assert r["module"] == expected and r["forward"]
+        assert torch.equal(r["weight"], lesson_model(seed=0)[0].weight.detach())
+
+
+def test_assign_buckets_fills_each_bucket_up_to_the_cap_in_reverse_order():
+    params = [nn.Parameter(torch.zeros(n)) for n in (256, 1, 255, 100, 300)]  # 4 bytes each
+    sizes = lambda buckets: [[p.numel() for p in b] for b in buckets]  # noqa: E731
+    assert sizes(assign_buckets(params, 1024 / 2**20)) == [[300], [100], [255, 1], [256]]
+    assert sizes(assign_buckets(params, 1600 / 2**20)) == [[300, 100], [255, 1], [256]]
+    assert sizes(assign_buckets(params, 1)) == [[300, 100, 255, 1, 256]]
+    assert sizes(assign_buckets(params, None)) == [[300], [100], [255], [1], [256]]
+    assert sizes(assign_buckets(params, 100 / 2**20)) == [[300], [100], [255], [1], [256]]  # each > cap
+
+
+def test_a_timeline_that_does_not_record_keeps_nothing():
+    silent, kept = Timeline(record=False), Timeline()
+    for timeline in (silent, kept):
+        timeline.mark("backward_start")
+    assert silent.events == [] and [e.what for e in kept.events] == ["backward_start"]
+
+
+def test_timeline_intervals_pairs_each_start_with_its_end():
+    events = [Event(*e) for e in [
+        ("backward_start", None, 10.0), ("all_reduce_start", 0, 10.5), ("all_reduce_start", 1, 10.6),
+        ("all_reduce_done", 0, 10.7), ("backward_end", None, 11.0), ("wait_start", 0, 11.1),
+        ("wait_end", 0, 11.1), ("wait_start", 1, 11.2), ("all_reduce_done", 1, 11.5),
+        ("wait_end", 1, 11.5), ("backward_start", None, 12.0), ("all_reduce_start", 0, 12.5)]]
+    bars = timeline_intervals(events, t0=10.0)
+    rounded = {kind: [tuple(None if x is None else round(x, 6) for x in bar) for bar in kind_bars]
+               for kind, kind_bars in bars.items()}
+    assert rounded == {"backward": [(0.0, 1.0)],  # the second pass has not ended
+                       "all_reduce": [(0, 0.5, 0.7), (1, 0.6, 1.5), (0, 2.5, None)],  # the last not done
+                       "wait": [(0, 1.1, 1.1), (1, 1.2, 1.5)]}
+    assert timeline_intervals(events)["backward"] == bars["backward"]  # t0: the first event
+
+
+class NoSync(nn.Module):
+    """A wrapper that synchronises nothing (a learner's empty answer)."""
+
+    def __init__(self, module, bucket_cap_mb=None):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return self.module(x)
+
+    def finish_gradient_synchronization(self):
+        pass
+
+
+def test_train_rank_trains_the_wrapper_it_is_given():
+    """What a judge needs: train_rank builds the learner's class; one that never synchronises
+    leaves every rank with a model of its own."""
+    ranks = launch(functools.partial(train_rank, wrapper=NoSync), 2, "per_parameter", echo=False,
+                   backend="gloo")
+    assert not torch.equal(ranks[0]["params"]["6.bias"], ranks[1]["params"]["6.bias"])
+
+
+@pytest.mark.parametrize("version, cap", [("per_parameter", None), ("bucketed", CAPS["a few"]),
+                                          ("after_backward", None)])
+def test_every_recorded_all_reduce_becomes_a_bar_that_ends_after_it_starts(runs, version, cap):
+    for result in runs["tied", version, cap]:
+        bars = timeline_intervals(result["events"])
+        assert len(bars["backward"]) == STEPS
+        per_step = len(result["buckets"]) or len(_trainable_numels({"tied": True}))  # after backward
+        assert len(bars["all_reduce"]) == STEPS * per_step
+        assert all(done is not None and done >= start for _, start, done in bars["all_reduce"])
+        assert len(bars["wait"]) == (0 if version == "after_backward" else len(bars["all_reduce"]))
