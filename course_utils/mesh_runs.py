@@ -105,7 +105,8 @@ def mesh_2d(nodes: int, gpus_per_node: int) -> Any:
     from .devices import rank_device
 
     # region: mesh
-    mesh = init_device_mesh(rank_device().type, (nodes, gpus_per_node), mesh_dim_names=("replicate", "shard"))
+    mesh = init_device_mesh(rank_device().type, (nodes, gpus_per_node),  # a row per node
+                            mesh_dim_names=("replicate", "shard"))  # across nodes, within a node
     # endregion
     return mesh
 

@@ -298,7 +298,7 @@ def test_the_detectors_find_values_and_formulas():
 
 
 def test_the_hints_issue_27_found_would_fail():
-    assert _leak(find("09.3"), None, "so each rank holds 2Ψ + (2 + 12)Ψ/N")
+    assert _leak(find("09.3"), None, "so each rank holds 4Ψ + (4 + 8)Ψ/N")
     assert _leak(find("02.3"), 6, "each piece has ceil(18 / 8) rows; count how many pieces it takes")
     assert _leak(find("05.3"), None, "call sampler.set_epoch(epoch) before you read")
     assert _leak(find("03.1"), None, "pass dim=1")
