@@ -23,11 +23,13 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@touch $@
 
-# Unit tests and notebooks run on as many workers as the machine has cores (pytest-xdist). One more
-# worker than cores finished 5-15 s sooner on 2 cores, but stretched notebook 07 from 37 s to 55 s.
-# --dist loadscope keeps each notebook (and each test module) on one worker, in order; the notebooks,
-# the longest scopes, are collected first (pyproject's testpaths) and handed out first.
-PARALLEL := -n auto --dist loadscope --no-loadscope-reorder
+# Unit tests and notebooks run on one more worker than the machine has cores (pytest-xdist): many
+# tests wait (on ranks, a timeout, a slow save), and a third worker on 2 cores fills that time
+# (measured on 2 cores: 179 s on 2 workers, 148 s on 3, 148 s on 4). --dist loadscope keeps each
+# notebook (and each test module) on one worker, in order; tests/conftest.py hands the longest
+# scopes out first (--no-loadscope-reorder keeps that order).
+WORKERS  := $(shell $(PYTHON) -c 'import os; print(1 + (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')
+PARALLEL := -n $(WORKERS) --dist loadscope --no-loadscope-reorder
 
 test: $(STAMP) ## Unit tests and every notebook under nbval, in parallel on this machine's cores
 	$(BIN)/python -m pytest $(PARALLEL)

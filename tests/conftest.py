@@ -39,3 +39,22 @@ def nothing_left_behind():
     yield
     leftover = [p for p in rank_processes() if p.pid not in before]
     assert leftover == [], f"processes left behind: {leftover}"
+
+
+#: The longest scopes of `make test` (each notebook, each test module: pytest-xdist's --dist loadscope
+#: keeps one on one worker), longest first, from `pytest --durations=0` on 2 cores (2026-11). They are
+#: handed out first, so that no long one starts last while the other workers idle: the run ends
+#: with short scopes, which fill in.
+LONGEST_FIRST = ("tests/test_exercise_hints.py", "notebooks/07_fault_tolerance_and_multi_node.ipynb",
+                 "tests/test_exercise_limits.py", "notebooks/05_distributed_data_parallel.ipynb",
+                 "tests/test_distributed.py", "notebooks/10_debugging_distributed.ipynb",
+                 "tests/test_launch_modes.py", "notebooks/09_choosing_a_strategy.ipynb",
+                 "tests/test_exercises.py", "tests/test_debugging.py", "tests/test_gpu_check.py",
+                 "notebooks/08_sharded_data_parallel.ipynb")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Collected scopes in the order of LONGEST_FIRST, then the rest as collected (make test runs
+    with --no-loadscope-reorder, so xdist hands them out in this order)."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: cells stay in order

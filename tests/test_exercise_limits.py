@@ -17,7 +17,7 @@ ALL = bank("all")
 #: seconds a check may take beyond its limit (the stop lands between two instructions)
 MARGIN_S = 1.0
 #: the tests run every looping answer with this limit: the mechanism is the same for any limit
-SHORT_S = 0.5
+SHORT_S = 0.2
 
 
 def _looping_function(ex) -> str:

@@ -2,7 +2,7 @@
 a wrong answer cannot hang the kernel.
 
 Slow is not stuck: a check runs its ranks inside ``launcher.waiting.watching_stalls``, so they
-count as hung when none of the unfinished ranks has used the CPU for ``STALL_S`` (5 s: each waits
+count as hung when none of the unfinished ranks has used the CPU for ``STALL_S`` (8 s: each waits
 for a peer, in a collective or a barrier), however long a busy machine takes to start and run
 them; a rank that computes without end is stopped once it has used ``CPU_BUDGET_S`` of CPU, and
 :data:`RANKS_LIMIT_S` of wall time is the last resort. Fresh-interpreter starts (macOS, Windows,
