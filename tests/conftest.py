@@ -57,4 +57,5 @@ def pytest_collection_modifyitems(config, items):
     """Collected scopes in the order of LONGEST_FIRST, then the rest as collected (make test runs
     with --no-loadscope-reorder, so xdist hands them out in this order)."""
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: cells stay in order
+    # a stable sort: the cells of a notebook, and the tests of a module, stay in their order
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
