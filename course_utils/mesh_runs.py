@@ -14,15 +14,12 @@ is the formula the counts must equal.
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-from .sharded_runs import _LOGGED, model_state_bytes, shard_layers, toy_batches, toy_model
+from .sharded_runs import logged_collectives, model_state_bytes, shard_layers, toy_batches, toy_model
 from .sharding import LINKS
 
 __all__ = ["MESH_DIMS", "LinkLog", "describe_mesh", "logged_links", "mesh_2d", "mesh_rank", "node_of"]
@@ -67,34 +64,11 @@ class LinkLog:
         return {link: {kind: b / steps for kind, b in kinds.items()} for link, kinds in self.sent.items()}
 
 
-@contextlib.contextmanager
-def logged_links(log: LinkLog) -> Iterator[None]:
+def logged_links(log: LinkLog) -> contextlib.AbstractContextManager[None]:
     """While inside, count in ``log`` what torch's own code hands to ``dist.all_reduce``,
     ``dist.broadcast`` and the flat all-gather and reduce-scatter, with the group each ran on
-    (``sharding.logged_collectives`` counts the same calls, for one flat group)."""
-    import torch.distributed as dist
-
-    def counting(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        kind = _LOGGED[name]
-        parameters = inspect.signature(original)
-
-        @functools.wraps(original)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            bound = parameters.bind(*args, **kwargs)
-            bound.apply_defaults()
-            first, second = list(bound.arguments.values())[:2]
-            log.count(kind, second if kind == "all_gather" else first, bound.arguments.get("group"))
-            return original(*args, **kwargs)
-        return call
-
-    originals = {name: getattr(dist, name) for name in _LOGGED if hasattr(dist, name)}
-    for name, original in originals.items():
-        setattr(dist, name, counting(name, original))
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(dist, name, original)
+    (``sharded_runs.logged_collectives``, which counts the same calls for one flat group)."""
+    return logged_collectives(log, groups=True)
 
 
 def mesh_2d(nodes: int, gpus_per_node: int) -> Any:

@@ -46,13 +46,14 @@ _LOGGED = {"all_reduce": "all_reduce", "broadcast": "broadcast",
 
 
 @contextlib.contextmanager
-def logged_collectives(log: CommLog) -> Iterator[None]:
+def logged_collectives(log: CommLog, groups: bool = False) -> Iterator[None]:
     """While inside, count in ``log`` what torch's own code hands to ``dist.all_reduce``,
     ``dist.broadcast`` and the flat all-gather and reduce-scatter (either release's name), as
     ``CommLog`` counts the by-hand stages (notebook 08). It replaces the functions in
     ``torch.distributed``, which torch's Python code calls (a deprecated name calls the new one
     inside ``distributed_c10d``, unreplaced: one count). DDP's all-reduce runs in C++ unless a
-    Python communication hook calls ``dist.all_reduce``: register ``allreduce_hook`` to count it."""
+    Python communication hook calls ``dist.all_reduce``: register ``allreduce_hook`` to count it.
+    With ``groups``, ``log.count`` is also told the group each ran on (``mesh_runs.LinkLog``)."""
     import torch.distributed as dist
 
     def counting(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -64,7 +65,11 @@ def logged_collectives(log: CommLog) -> Iterator[None]:
             bound = parameters.bind(*args, **kwargs)
             bound.apply_defaults()
             first, second = list(bound.arguments.values())[:2]
-            log.count(kind, second if kind == "all_gather" else first)  # all-gather: (output, input)
+            tensor = second if kind == "all_gather" else first  # all-gather: (output, input)
+            if groups:
+                log.count(kind, tensor, bound.arguments.get("group"))
+            else:
+                log.count(kind, tensor)
             return original(*args, **kwargs)
         return call
 
