@@ -92,7 +92,8 @@ NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 #: in the course's order.
 _TOPICS = {"single_gpu": "one device", "data_parallel": "nn.DataParallel",
            "data_parallel_by_hand": "DataParallel by hand", "output_device_and_memory": "memory per device",
-           "distributed_data_parallel": "DistributedDataParallel", "mixed_precision": "mixed precision",
+           "distributed_data_parallel": "DistributedDataParallel", "ddp_by_hand": "DDP by hand",
+           "mixed_precision": "mixed precision",
            "fault_tolerance_and_multi_node": "faults and nodes",
            "sharded_data_parallel": "sharded data parallel",
            "choosing_a_strategy": "choosing a strategy", "debugging_distributed": "debugging"}
@@ -143,6 +144,9 @@ def course_plan(gpus: int, nccl: bool, gloo: bool,
         ddp = f"real processes on the CPU, gloo ({why})"
     else:
         ddp = "real processes on the CPU, gloo backend"
+    by_hand_ddp = ("gradient hooks, buckets and their all-reduces on " + (
+        "NCCL, one GPU per rank" if multi and nccl else "gloo, real processes on the CPU")
+        + ", timed beside torch's DDP") if gloo or (multi and nccl) else ddp
     amp = "bf16, and fp16 with a GradScaler, autocast on the CPU" + (
         "; fp16 + GradScaler on the GPU too" if gpus else "")
     strategies = (f"every strategy on GPUs ({gpus} available)" if multi and nccl
@@ -157,7 +161,7 @@ def course_plan(gpus: int, nccl: bool, gloo: bool,
         "their fixes on NCCL, one GPU per rank" if multi and nccl else "their fixes too") + (
         "; the CUDA fork error reproduced" if gpus else "; the CUDA fork error explained, not run")
     texts = {"single_gpu": one_device, "data_parallel": dp, "data_parallel_by_hand": by_hand,
-             "output_device_and_memory": memory, "distributed_data_parallel": ddp,
+             "output_device_and_memory": memory, "distributed_data_parallel": ddp, "ddp_by_hand": by_hand_ddp,
              "mixed_precision": amp, "choosing_a_strategy": strategies,
              "fault_tolerance_and_multi_node": faults, "sharded_data_parallel": sharded,
              "debugging_distributed": debugging}

@@ -1,10 +1,10 @@
-"""The runs of notebook 08's last section: data parallelism on a 2-D ``DeviceMesh`` (HSDP).
+"""The runs of notebook 09's last section: data parallelism on a 2-D ``DeviceMesh`` (HSDP).
 
 Four ranks stand for 2 nodes of 2 GPUs. ``mesh_2d`` lays them out as a (nodes, gpus_per_node)
 mesh whose dimensions are named for what the model does along them: ``"replicate"`` (across
 nodes: one rank per node, each holding the same shard) and ``"shard"`` (inside a node: the ranks
 that split the model between them). ``mesh_rank`` trains ``toy_model()`` on the same rows as
-notebook 08's FSDP section three ways, DDP and FSDP on the flat group of all ranks and HSDP on the
+notebook 09's FSDP section three ways, DDP and FSDP on the flat group of all ranks and HSDP on the
 mesh, and counts what each rank sends with ``logged_links``: every collective torch's own code
 runs, in bytes per rank (the ring model of ``zero.CommLog``), on the group it ran on, split into
 the groups that stay inside one node and those that span nodes. ``sharding.link_bytes_per_step``
@@ -36,7 +36,7 @@ def node_of(rank: int, gpus_per_node: int) -> int:
 class LinkLog:
     """Bytes one rank sends in each collective (a ring over the collective's group, as
     ``zero.CommLog`` counts them), split by link: ``"inside node"`` when every rank of the group
-    is on this rank's node, ``"between nodes"`` when the group spans nodes (notebook 08)."""
+    is on this rank's node, ``"between nodes"`` when the group spans nodes (notebook 09)."""
 
     def __init__(self, gpus_per_node: int) -> None:
         self.gpus_per_node = gpus_per_node

@@ -1,4 +1,4 @@
-"""Sharded data parallelism: the ledgers (memory and bytes sent per rank) of notebook 08; its runs
+"""Sharded data parallelism: the ledgers (memory and bytes sent per rank) of notebook 09; its runs
 are in :mod:`course_utils.sharded_runs` (and importable from here, as the notebook does).
 
 Memory per rank for Ψ parameters on N ranks, with p, g bytes per parameter and gradient element
@@ -151,7 +151,7 @@ LINKS = ("inside node", "between nodes")
 def link_bytes_per_step(numel: int, nodes: int, gpus_per_node: int, strategy: str,
                         itemsize: int = 4) -> dict[str, float]:
     """Bytes one rank sends per step on groups inside one node and on groups that span nodes, with
-    ``nodes`` nodes of ``gpus_per_node`` ranks (notebook 08). DDP and FSDP run on one group of all
+    ``nodes`` nodes of ``gpus_per_node`` ranks (notebook 09). DDP and FSDP run on one group of all
     the ranks: with two nodes or more, all of it spans nodes. HSDP reduce-scatters and all-gathers
     (twice) over the G ranks of its node, ``3 sΨ(G-1)/G``, and all-reduces its gradient shard
     over the N ranks that hold the same shard, one per node: ``2 (sΨ/G)(N-1)/N``. ``numel``: Ψ
@@ -175,7 +175,7 @@ def link_bytes_per_step(numel: int, nodes: int, gpus_per_node: int, strategy: st
 
 @dataclasses.dataclass
 class ShardedLedger(Ledger):
-    """A DDP ledger whose model state is sharded as ``SHARDED[strategy]`` says (notebook 08)."""
+    """A DDP ledger whose model state is sharded as ``SHARDED[strategy]`` says (notebook 09)."""
 
     @property
     def label(self) -> str:
@@ -187,9 +187,9 @@ def sharded_ledger(spec: ModelSpec, strategy: str, *, batch_size: int, num_devic
     """Notebook 04's DDP ledger with the model state of ``strategy``; activations unchanged.
 
     ``mixed_precision`` names an accounting of ``BYTES_PER_PARAMETER``: ``"autocast"`` (what
-    ``torch.autocast`` and FSDP2 keep: 4 + 4 + 8 bytes, notebooks 06 and 09) or
+    ``torch.autocast`` and FSDP2 keep: 4 + 4 + 8 bytes, notebooks 07 and 10) or
     ``"master_weights"`` (DeepSpeed, Apex O2: 2 + 2 + 12, the ZeRO paper's (2 + 2 + K)Ψ with
-    K = 12). ``True`` is ``"master_weights"`` (notebook 08 follows the paper); ``False``, fp32.
+    K = 12). ``True`` is ``"master_weights"`` (notebook 09 follows the paper); ``False``, fp32.
     Activations, inputs and outputs are counted in fp32 either way. No DDP buckets except DDP's.
     ``"hsdp"`` shards over ``gpus_per_node`` ranks (one node), which must divide ``num_devices``.
     """

@@ -46,12 +46,12 @@ def nothing_left_behind():
 #: handed out first, so that no long one starts last while the other workers idle: the run ends
 #: with short scopes, which fill in.
 LONGEST_FIRST = ("tests/test_exercise_hints_nb10.py", "tests/test_exercise_hints.py",
-                 "notebooks/07_fault_tolerance_and_multi_node.ipynb",
+                 "notebooks/08_fault_tolerance_and_multi_node.ipynb",
                  "tests/test_exercise_limits.py", "notebooks/05_distributed_data_parallel.ipynb",
-                 "tests/test_distributed.py", "notebooks/10_debugging_distributed.ipynb",
-                 "tests/test_launch_modes.py", "notebooks/09_choosing_a_strategy.ipynb",
+                 "tests/test_distributed.py", "notebooks/11_debugging_distributed.ipynb",
+                 "tests/test_launch_modes.py", "notebooks/10_choosing_a_strategy.ipynb",
                  "tests/test_exercises.py", "tests/test_debugging.py", "tests/test_gpu_check.py",
-                 "notebooks/08_sharded_data_parallel.ipynb")
+                 "notebooks/09_sharded_data_parallel.ipynb")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -234,7 +234,7 @@ CASES = {
     "sharded_runs.zero_by_hand_rank": (2, ()),
     "sharded_runs.api_rank": (2, (2, 8, 1e-2, "{tmp}/ckpt")),
     "mesh_runs.mesh_rank": (4, (2,)),
-    # notebook 10: the zoo's rank functions, each in a form that finishes
+    # notebook 11: the zoo's rank functions, each in a form that finishes
     "failure_zoo.sampler_orders": (2, (8, 2, True)),
     "failure_zoo.eval_on_rank_0_only": (1, ()),  # one rank: nobody else to wait for
     "failure_zoo.evaluate_everywhere": (2, ()),

@@ -1,4 +1,4 @@
-"""Notebook 08's mesh section: a 2-D DeviceMesh, HSDP equal to DDP and one process on 4 ranks, the
+"""Notebook 09's mesh section: a 2-D DeviceMesh, HSDP equal to DDP and one process on 4 ranks, the
 bytes each rank sends counted by link against ``sharding.link_bytes_per_step``, and the ledger's
 HSDP row against the bytes each rank holds."""
 

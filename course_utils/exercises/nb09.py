@@ -1,137 +1,246 @@
-"""Judges of the exercises of notebook 09 (choosing a strategy); their content is in nb09.toml."""
+"""Judges of the exercises of notebook 09 (sharded data parallelism); their content is in nb09.toml."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import torch
+
+from ..compat import COLLECTIVE_NAMES
 from .core import load_bank
+from .on_ranks import hint_from_ranks
 
 __all__ = ["CASES", "EXERCISES"]
 
+_PSI, _N = 1_000_000_000, 8
 
-def _judge_zero1_fraction(answer: Any) -> str | None:
+
+def _judge_zero2_bytes(answer: Any) -> str | None:
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return f"write a fraction such as 0.3, not {type(answer).__name__}"
-
-    def near(value: float) -> bool:
-        return abs(answer - value) < 0.01
-
-    # per parameter: the parameter, its gradient and AdamW's two moments, fp32 each; zero1_2 keeps
-    # the first two whole and half of the moments
-    if near((1 + 1 + 2 / 2) / 4):
+        return f"write a number of bytes, not {type(answer).__name__}"
+    right = 2 * _PSI + (2 + 12) * _PSI / _N
+    if abs(answer - right) <= 0.005 * right:
         return None
-    if near(0.5):
-        return ("that is what an fsdp_2 process keeps, which splits everything; zero1_2 splits only "
-                "AdamW's state")
-    if near(0.625):
-        return "that splits the gradients too (ZeRO-2): zero1_2 splits only AdamW's state"
-    if near(1.0):
-        return "a zero1_2 process holds less than a ddp_2 process: AdamW's state is split between the ranks"
-    if near(0.25) or near(0.375):
-        return "zero1_2 has two ranks: what it splits is split in two, not in four"
-    if near(0.875):
-        return "AdamW's state is both moments: each rank keeps half of each of them"
-    if answer > 1:
-        return "a fraction of ddp_2's state: a number between 0 and 1"
-    return ("count the tensors a ddp_2 process keeps for every parameter, then which of them zero1_2 "
-            "splits between its two ranks")
+    if abs(answer - 16 * _PSI) < 0.01 * _PSI:
+        return "that is DDP's figure: stage 2 shards the gradients and the optimizer state"
+    if abs(answer - 16 * _PSI / _N) < 0.01 * _PSI:
+        return "that is ZeRO-3: in stage 2 every rank still holds all the fp16 parameters"
+    if abs(answer - (4 * _PSI + 12 * _PSI / _N)) < 0.01 * _PSI:
+        return "that is ZeRO-1: stage 2 also shards the gradients"
+    if abs(answer - (2 * _PSI + 10 * _PSI / _N)) < 0.01 * _PSI or abs(answer - (4 * _PSI + 12 * _PSI)) < _PSI:
+        return ("count K = 12 bytes of Adam state per parameter in mixed precision: an fp32 master "
+                "copy and two fp32 moments")
+    if abs(answer - 14 * _PSI / _N) < 0.01 * _PSI:
+        return "the parameters are missing: in stage 2 every rank still holds all the fp16 parameters"
+    if abs(answer * 10**9 - right) <= 0.005 * right:
+        return "that is in GB (10^9 bytes): the question asks for bytes"
+    return ("list the kinds of model state mixed-precision Adam keeps per parameter, and for each ask "
+            "whether stage 2 keeps it whole on every rank or splits it over the N ranks")
 
 
-_SYNONYMS = {"shrink": "shrink", "shrinks": "shrink", "smaller": "shrink", "decrease": "shrink",
-             "decreases": "shrink", "grow": "grow", "grows": "grow", "larger": "grow", "increase": "grow",
-             "increases": "grow", "same": "same", "unchanged": "same"}
+#: 09.2's cases: the world sizes it launches, the shard length on each rank (odd: no written-in
+#: halves), the seed of the parameters and gradients
+ZERO1_CASES = [(2, 5, 0), (3, 4, 1), (4, 3, 2)]
+#: 09.3's cases: the world sizes, each with two gradients (rows that do not divide evenly): one
+#: whose norm is above max_norm, one below it (a clip that always rescales fails there)
+CLIP_WORLDS, CLIP_ROWS = (2, 3), 7
+CLIP_CASES = [("above", 1.0), ("below", 1000.0)]
 
-
-def _judge_small(answer: Any) -> str | None:
-    word = _SYNONYMS.get(answer.strip().lower()) if isinstance(answer, str) else None
-    if word is None:
-        return f'answer "grow", "shrink" or "same", not {answer!r}'
-    if word == "shrink":
-        return None
-    if word == "grow":
-        return ("a narrower model and fewer rows mean much less compute per step, while each step "
-                "still pays fixed costs (a barrier, starting the all-reduce): which way does that push "
-                "the ratio?")
-    return "the compute per step falls far more than the communication: the ratio moves"
-
-
-# bytes per GPU of the model state under AdamW with torch.autocast or FSDP2's mixed precision, the
-# accounting of notebook 09's ledger (sharding.BYTES_PER_PARAMETER["autocast"]): parameters,
-# gradients and both moments stay fp32, 4 + 4 + 8 bytes per parameter
-_STATE = {
-    "ddp": lambda psi, n: 16 * psi,
-    "zero2": lambda psi, n: 4 * psi + (4 + 8) * psi / n,
-    "fsdp": lambda psi, n: 16 * psi / n,
-}
-# DeepSpeed's and Apex O2's accounting (16-bit parameters and gradients, an fp32 master copy
-# beside the moments: 2 + 2 + 12): a wrong answer here, since the course's recipe keeps fp32
-_MASTER_WEIGHTS = {
-    "ddp": lambda psi, n: 16 * psi,
-    "zero2": lambda psi, n: 2 * psi + (2 + 12) * psi / n,
-    "fsdp": lambda psi, n: 16 * psi / n,
+CASES: dict[str, list[str]] = {
+    "09.1": ["Ψ = 10^9 parameters, N = 8 ranks"],
+    "09.2": [f"world_size={n}, a shard of {size} values, seed {seed}" for n, size, seed in ZERO1_CASES],
+    "09.3": [f"world_size={n}, 3 gradients of {CLIP_ROWS} rows split unevenly, norm {where} max_norm={m:g}"
+             for n in CLIP_WORLDS for where, m in CLIP_CASES],
 }
 
 
-def _choose(parameters: float, gpu_bytes: float, gpus: int, activation_bytes: float,
-            state_bytes: dict = _STATE) -> str:
-    return next((s for s, state in state_bytes.items()
-                 if state(parameters, gpus) + activation_bytes <= gpu_bytes), "none")
+def zero1_step_rank(rank: int, world_size: int, answer: Any, size: int, seed: int) -> str | None:
+    """One rank of exercise 09.2's check: ``answer`` against AdamW on the averaged gradient, with
+    the bytes it sent counted where every collective ends (``collectives_called``)."""
+    import torch.distributed as dist
 
+    from ..devices import rank_device
+    from .on_ranks import collectives_called, sent_per_rank
 
-_CASES = [  # (parameters, gpu bytes, gpus, activation bytes)
-    (1e9, 80e9, 8, 10e9),  # ddp
-    (7e9, 80e9, 8, 10e9),  # zero2
-    (30e9, 80e9, 8, 10e9),  # fsdp
-    (70e9, 80e9, 8, 10e9),  # none
-    (4e9, 80e9, 8, 30e9),  # zero2: the model state alone would fit DDP, not with the activations
-    (10e9, 80e9, 8, 10e9),  # zero2: fits ZeRO-2 (65 GB), not ZeRO-1 (100 GB)
-    (15e9, 80e9, 8, 10e9),  # fsdp: ZeRO-2 needs 92.5 GB here (66.25 GB with a 2-byte master-copy count)
-    (3e9, 40e9, 8, 5e9),  # zero2 on a 40 GB GPU
-    (10e9, 80e9, 2, 10e9),  # none on 2 GPUs
-    (40e9, 80e9, 64, 10e9),  # fsdp on 64 GPUs
-]
+    device = rank_device()
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randn(size * world_size, generator=g).to(device)
+    grads = [torch.randn(size * world_size, generator=g).to(device) for _ in range(world_size)]
+    reference = torch.nn.Parameter(start.clone())
+    reference.grad = sum(grads) / world_size
+    torch.optim.AdamW([reference], lr=0.1).step()
 
-
-def _call(args: tuple) -> str:
-    """choose_strategy(10e9, 80e9, 2, 10e9), as a learner would write it."""
-    return "choose_strategy(" + ", ".join(f"{a / 1e9:g}e9" if a >= 1e9 else str(a) for a in args) + ")"
-
-
-def _judge_choose(answer: Any) -> str | None:
-    for args in _CASES:
-        right = _choose(*args)
-        got = answer(*args)
-        if got == right:
-            continue
-        psi, gpu, n, act = args
-        call = _call(args)
-        if right == "zero2" and got == "ddp" and _STATE["ddp"](psi, n) <= gpu:
-            return "the model state fits DDP here, but the activations need room too: add them"
-        if got == _choose(*args, state_bytes=_MASTER_WEIGHTS):
-            return (f"{call} gave {got!r}: that counts 2-byte parameters and gradients beside an fp32 "
-                    "master copy, DeepSpeed's and Apex O2's accounting; with torch.autocast or FSDP2's "
-                    "mixed precision the parameters and their gradients stay fp32")
-        if right == "zero2" and got in ("fsdp", "none") and 8 * psi + 8 * psi / n + act > gpu:
-            return ("your ZeRO-2 figure is ZeRO-1's: stage 2 shards more than the optimizer's state, "
-                    "so it fits here")
-        if got == _choose(psi, 80e9, n, act) and gpu != 80e9:
-            return f"{call} gave {got!r}, as if every GPU had 80 GB: use gpu_bytes"
-        if got == _choose(psi, gpu, 8, act) and n != 8:
-            return f"{call} gave {got!r}, as if there were 8 GPUs: use gpus"
-        if right == "fsdp" and got == "none":
-            return (f"{call} gave 'none', but FSDP fits there: recount what each GPU "
-                    "keeps once everything is sharded")
-        if got == "fsdp" and right in ("ddp", "zero2"):
-            return "prefer the strategy that sends the least when it fits: DDP first, FSDP last"
-        return (f"{call} gave {got!r}: work out each strategy's bytes per GPU in turn, "
-                "from DDP to FSDP, activations included, and keep the first that fits")
+    flat_param = start.clone()
+    mine = slice(size * rank, size * (rank + 1))
+    shard = torch.nn.Parameter(flat_param[mine].clone())
+    optimizer = torch.optim.AdamW([shard], lr=0.1)
+    flat_grad = grads[rank].clone()
+    try:
+        with collectives_called() as calls:  # what ran, whatever name the answer called it by
+            answer(flat_param, flat_grad, shard, optimizer)
+    except AttributeError as err:  # a collective's name from another torch release
+        names = [n for pair in COLLECTIVE_NAMES.items() for n in pair if f"'{n}'" in str(err)]
+        if not names:
+            raise
+        return (f"torch {torch.__version__} has no dist.{names[0]}: the flat-tensor collectives "
+                "changed names in torch 2.13 (see 'What gloo offers'); compat.reduce_scatter_single "
+                "and compat.all_gather_single work on every release")
+    dist.barrier()
+    if shard.grad is None:
+        return "shard.grad is still None: reduce-scatter the gradient into a tensor and set shard.grad"
+    if torch.allclose(shard.grad, sum(grads)[mine]):
+        return "shard.grad is the sum over the ranks: DDP averages, so divide by the world size"
+    if not torch.allclose(shard.grad, reference.grad[mine]):
+        summed = sum(grads)[mine]
+        ratio = (summed @ shard.grad / (shard.grad @ shard.grad).clamp_min(1e-30)).item()
+        if torch.allclose(shard.grad * ratio, summed, rtol=1e-4, atol=1e-6):  # a fixed divisor
+            return ("shard.grad is the sum divided by a fixed number, not by the world size: this check "
+                    "runs on several world sizes")
+        return "shard.grad is not this rank's slice of the averaged gradient: reduce-scatter flat_grad"
+    if not torch.allclose(shard.detach(), reference.detach()[mine]):
+        return ("shard.grad is right, but the shard was not stepped with it: the optimizer updates a "
+                "parameter with the gradient it holds when step() runs, and before that it held none")
+    if not torch.allclose(flat_param[mine], reference.detach()[mine]):
+        return "this rank's slice of flat_param was not updated: gather the stepped shards back into it"
+    if not torch.allclose(flat_param, reference.detach()):
+        return "the other ranks' slices of flat_param are stale: all-gather the updated shards into it"
+    zero1 = 2 * (world_size - 1) / world_size * flat_param.nbytes  # a reduce-scatter and an all-gather
+    if sent_per_rank(calls, world_size) > zero1 * 1.001:
+        return ("the numbers are right, but a whole tensor went to every rank where ZeRO moves slices: "
+                "with a reduce-scatter each rank receives only the summed slice it steps, and an "
+                "all-gather brings back each rank's stepped shard; all-reducing everything and keeping "
+                "a slice sends more bytes for nothing")
+    if not torch.equal(flat_grad, grads[rank]):
+        return ("the caller's flat_grad was changed in place: it is this rank's gradient, which the "
+                "step reads and must leave as it found it")
     return None
 
 
-CASES: dict[str, list[str]] = {
-    "09.1": ["zero1_2 against ddp_2, AdamW in fp32"],
-    "09.2": ["DDP on 2 ranks, a narrower model and fewer rows per step"],
-    "09.3": [f"{_call(args)}: parameters, GPU bytes, GPUs, activation bytes" for args in _CASES],
-}
+def _judge_zero1_step(answer: Any) -> str | None:
+    for world_size, size, seed in ZERO1_CASES:
+        hint = hint_from_ranks(zero1_step_rank, world_size, answer, size, seed, hang_hint=(
+            "the ranks hung: every rank must call the same collectives, in the same order"))
+        if hint is not None:
+            return hint
+    return None
+
+
+def clip_rank(rank: int, world_size: int, answer: Any) -> str | None:
+    """One rank of exercise 09.3's check: the total norm and the clipped shards, for every case of
+    :data:`CLIP_CASES` (one launch)."""
+    from ..devices import rank_device
+
+    device = rank_device()
+    for index, (where, max_norm) in enumerate(CLIP_CASES):
+        g = torch.Generator().manual_seed(10 * world_size + index)
+        full = [torch.randn(CLIP_ROWS, 4, generator=g).to(device) * (i + 1) for i in range(3)]
+        total = torch.sqrt(sum(t.square().sum() for t in full))
+        parts = [[p.clone() for p in t.tensor_split(world_size)] for t in full]  # uneven rows
+        shards = [p[rank].clone() for p in parts]
+        got = float(answer(shards, max_norm))
+        if abs(got - total.item()) > 1e-4 * total.item():
+            norms = [torch.sqrt(sum(p[r].square().sum() for p in parts)).item() for r in range(world_size)]
+            local, local_max = norms[rank], max(norms)
+            if abs(got - local) < 1e-4 * local:
+                return "that is the norm of this rank's shards only: the other ranks hold the rest"
+            if abs(got - local_max) < 1e-4 * local_max:
+                return ("that is the largest shard's norm: the whole gradient's norm is larger than "
+                        "every shard's, as it holds all of them")
+            if abs(got * math.sqrt(world_size) - total.item()) < 1e-4 * total.item():
+                return ("that is the norm of the mean of the squares: the whole gradient's sum of "
+                        "squares counts every rank's shards once, it is not averaged over the ranks")
+            return ("norms do not add up across ranks: a norm is the square root of a sum of squares; "
+                    "which part of that can be added up across the ranks?")
+        scale = min(1.0, max_norm / (total.item() + 1e-6))
+        for s, p in zip(shards, parts, strict=True):
+            if torch.allclose(s, p[rank] * scale, rtol=1e-4, atol=1e-7):
+                continue
+            if where == "below":
+                return ("the gradient's norm was below max_norm, and the shards were scaled all the same: "
+                        "clipping only shrinks a gradient whose norm is above the limit")
+            return "the norm is right, but the shards were not scaled by max_norm / total on every rank"
+    return None
+
+
+def _judge_clip(answer: Any) -> str | None:
+    for world_size in CLIP_WORLDS:
+        hint = hint_from_ranks(clip_rank, world_size, answer,
+                               hang_hint="the ranks hung: every rank must take part in the same all-reduce")
+        if hint is not None:
+            return hint
+    return None
+
+
+# ---------------------------------------------------------------- 09.4: bytes between nodes (HSDP)
+
+_CLUSTERS = [(10**9, 2, 8), (10**9, 4, 8), (7 * 10**9, 16, 8), (10**8, 3, 4), (1732, 2, 2), (10**9, 1, 8)]
+
+
+def _hsdp_between(psi: float, nodes: int, gpus: int) -> float:
+    """fp32 gradients: each rank's shard (the model split over a node's GPUs) all-reduced over
+    the replicate group, one rank per node, in a ring."""
+    return 2 * (4 * psi / gpus) * (nodes - 1) / nodes
+
+
+#: wrong formulas learners write -> the hint each one gets
+_BETWEEN_WRONG = [
+    (lambda p, n, g: 3 * 4 * p * (n * g - 1) / (n * g),
+     "that is FSDP over all the ranks, whose every collective spans the nodes: under HSDP the "
+     "parameters are gathered inside the node, and only gradients leave it"),
+    (lambda p, n, g: 2 * 4 * p * (n - 1) / n,
+     "that all-reduces the whole gradient between nodes, as DDP would: under HSDP, what is left of a "
+     "rank's gradient once the ranks of its node have reduce-scattered it?"),
+    (lambda p, n, g: 3 * 4 * p * (g - 1) / g + _hsdp_between(p, n, g),
+     "that adds what the rank sends inside its node: count only the collectives whose group spans nodes"),
+    (lambda p, n, g: 3 * 4 * p * (g - 1) / g,
+     "that is what stays inside the node: the reduce-scatter and all-gathers run on the shard group"),
+    (lambda p, n, g: 2 * (4 * p / g) * (n * g - 1) / (n * g),
+     "the all-reduce between nodes runs on the replicate group: how many ranks are in it?"),
+    (lambda p, n, g: 2 * (4 * p / g) * (g - 1) / g,
+     "the all-reduce between nodes runs on the replicate group: how many ranks are in it?"),
+    (lambda p, n, g: 2 * (4 * p / (n * g)) * (n - 1) / n,
+     "a rank's shard is the model split over the GPUs of its node, not over every rank"),
+    (lambda p, n, g: (4 * p / g) * (n - 1) / n,
+     "an all-reduce is a reduce-scatter followed by an all-gather (notebook 05): count what both "
+     "halves send"),
+    (lambda p, n, g: 2 * (p / g) * (n - 1) / n,
+     "that counts gradient elements: the question asks for bytes, and an fp32 element is 4 of them"),
+    (lambda p, n, g: 2 * (4 * p / g),
+     "in a ring a rank never sends its own share back to itself: try your function with one node, "
+     "where nothing crosses between nodes"),
+]
+
+
+def _judge_between_nodes(answer: Any) -> str | None:
+    if not callable(answer):
+        return (f"write a function of psi, nodes and gpus (a lambda, as shipped), not "
+                f"{type(answer).__name__}: the check tries several clusters")
+    got = []
+    for psi, nodes, gpus in _CLUSTERS:
+        value = answer(psi, nodes, gpus)
+        if value is Ellipsis:
+            raise NotImplementedError  # the answer cell as shipped
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"your function must return a number of bytes, not {type(value).__name__}"
+        got.append(value)
+
+    def matches(formula: Any) -> bool:
+        return all(math.isclose(v, formula(*c), rel_tol=1e-6, abs_tol=1e-6)
+                   for v, c in zip(got, _CLUSTERS, strict=True))
+
+    if matches(_hsdp_between):
+        return None
+    for formula, hint in _BETWEEN_WRONG:
+        if matches(formula):
+            return hint
+    if len(set(got)) == 1:
+        return "your function gives the same number for every cluster: use psi, nodes and gpus"
+    return ("list the collectives HSDP runs in a step and the group each runs on, keep those whose "
+            "group spans nodes, then count what one rank sends in each (the ring of notebook 05)")
+
+
+CASES["09.4"] = [f"Ψ = {psi:g} parameters, {nodes} node(s) of {gpus} GPUs" for psi, nodes, gpus in _CLUSTERS]
+
 
 EXERCISES = load_bank(__name__)
