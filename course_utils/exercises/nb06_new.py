@@ -1,6 +1,6 @@
 """Judges of the exercises of notebook 06 (DDP by hand); their content is in nb06_new.toml.
 
-06.2 and 06.3 run the answer on real gloo ranks (2, 3 and 4) through ``run_on_ranks``. What ran is
+06.1 and 06.2 run the answer on real gloo ranks (2, 3 and 4) through ``run_on_ranks``. What ran is
 counted where every collective ends, in the methods of the rank's ``ProcessGroup``
 (:func:`all_reduces_watched`), whatever name the answer called it by, and so is every ``wait()`` on
 the handles those all-reduces returned: the check sees whether a wait happened inside the backward
@@ -21,22 +21,22 @@ from .on_ranks import hint_from_ranks
 
 __all__ = ["CASES", "EXERCISES", "all_reduces_watched"]
 
-#: 06.1: the model whose buckets the learner counts (``comm_heavy_model(WIDTH)``) and the cap (MB)
+#: 06.3: the model whose buckets the learner counts (``comm_heavy_model(WIDTH)``) and the cap (MB)
 BUCKET_WIDTH, BUCKET_CAP_MB = 512, 2
-#: 06.2's and 06.3's world sizes; 06.3 trains this many SGD steps in each
+#: 06.1's and 06.2's world sizes; 06.2 trains this many SGD steps in each
 WORLDS = (2, 3, 4)
 HOOK_STEPS = 3
 
 CASES: dict[str, list[str]] = {
-    "06.1": [f"comm_heavy_model({BUCKET_WIDTH}), bucket_cap_mb={BUCKET_CAP_MB}"],
-    "06.2": [f"world_size={n}, lesson_model with a tied weight and a frozen one, each rank its own rows"
+    "06.1": [f"world_size={n}, lesson_model with a tied weight and a frozen one, each rank its own rows"
              for n in WORLDS],
-    "06.3": [f"world_size={n}, ranks seeded differently, a tied weight and a frozen one, "
+    "06.2": [f"world_size={n}, ranks seeded differently, a tied weight and a frozen one, "
              f"{HOOK_STEPS} SGD steps against one process" for n in WORLDS],
+    "06.3": [f"comm_heavy_model({BUCKET_WIDTH}), bucket_cap_mb={BUCKET_CAP_MB}"],
 }
 
 
-# ---------------------------------------------------------------- 06.1: how many buckets
+# ---------------------------------------------------------------- 06.3: how many buckets
 
 def _judge_bucket_count(answer: Any) -> str | None:
     if isinstance(answer, bool) or not isinstance(answer, (int, float)) or answer != int(answer):
@@ -150,10 +150,10 @@ def _grad_hint(got: torch.Tensor, mean: torch.Tensor, own: torch.Tensor, world_s
     return "the gradients are not the mean of the ranks' gradients"
 
 
-# ---------------------------------------------------------------- 06.2: average_gradients
+# ---------------------------------------------------------------- 06.1: average_gradients
 
 def average_rank(rank: int, world_size: int, answer: Any) -> str | None:
-    """One rank of exercise 06.2's check: ``answer(model)`` after one backward pass, against the
+    """One rank of exercise 06.1's check: ``answer(model)`` after one backward pass, against the
     mean of every rank's gradients (worked out here, on this rank, from their rows)."""
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -221,10 +221,10 @@ def _judge_average_gradients(answer: Any) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------- 06.3: the hook version
+# ---------------------------------------------------------------- 06.2: the hook version
 
 def hooks_rank(rank: int, world_size: int, answer: Any) -> str | None:
-    """One rank of exercise 06.3's check: ``answer(model)`` trains ``HOOK_STEPS`` SGD steps, the
+    """One rank of exercise 06.2's check: ``answer(model)`` trains ``HOOK_STEPS`` SGD steps, the
     ranks seeded differently, against one process on the whole batches; per step, the all-reduces
     started during the backward pass, the waits, and the gradients."""
     import torch.nn.functional as F
