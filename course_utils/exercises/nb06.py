@@ -1,4 +1,4 @@
-"""Judges of the exercises of notebook 06 (DDP by hand); their content is in nb06_new.toml.
+"""Judges of the exercises of notebook 06 (DDP by hand); their content is in nb06.toml.
 
 06.1 and 06.2 run the answer on real gloo ranks (2, 3 and 4) through ``run_on_ranks``. What ran is
 counted where every collective ends, in the methods of the rank's ``ProcessGroup``
