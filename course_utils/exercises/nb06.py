@@ -81,33 +81,39 @@ def all_reduces_watched() -> Iterator[list[dict]]:
 
     records: list[dict] = []
     by_work: dict[int, dict] = {}
-    group_class, work_class = dist.ProcessGroup, dist.Work
-    held = {name: group_class.__dict__.get(name) for name in ("allreduce",)}
-    original_all_reduce, original_wait = group_class.allreduce, work_class.wait
-    held_wait = work_class.__dict__.get("wait")
+    group_class = dist.ProcessGroup
+    original_all_reduce = group_class.allreduce
+    held = {(group_class, "allreduce"): group_class.__dict__.get("allreduce")}  # put back afterwards
+
+    def counting_wait(cls: type) -> None:
+        """Count the waits on the handles of class ``cls`` (the class a release's backend returns)."""
+        original_wait = cls.wait
+
+        def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+            record = by_work.get(id(self))
+            if record is not None:
+                record["waited"] += 1
+            return original_wait(self, *args, **kwargs)
+
+        held[cls, "wait"] = cls.__dict__.get("wait")
+        cls.wait = wait
 
     def allreduce(self: Any, tensors: Any, *args: Any, **kwargs: Any) -> Any:
         work = original_all_reduce(self, tensors, *args, **kwargs)
-        numel = sum(t.numel() for t in tensors) if isinstance(tensors, (list, tuple)) else tensors.numel()
-        ptrs = [t.data_ptr() for t in (tensors if isinstance(tensors, (list, tuple)) else [tensors])]
-        record = {"numel": numel, "ptrs": ptrs, "work": work, "waited": 0}
+        handed = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
+        record = {"numel": sum(t.numel() for t in handed), "ptrs": [t.data_ptr() for t in handed],
+                  "work": work, "waited": 0}  # the record keeps the handle, so its id stays its own
         records.append(record)
         by_work[id(work)] = record
+        if (type(work), "wait") not in held:
+            counting_wait(type(work))
         return work
 
-    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-        record = by_work.get(id(self))
-        if record is not None:
-            record["waited"] += 1
-        return original_wait(self, *args, **kwargs)
-
     group_class.allreduce = allreduce
-    work_class.wait = wait
     try:
         yield records
     finally:
-        for cls, name, descriptor in ((group_class, "allreduce", held["allreduce"]),
-                                      (work_class, "wait", held_wait)):
+        for (cls, name), descriptor in held.items():
             if descriptor is None:
                 delattr(cls, name)
             else:
