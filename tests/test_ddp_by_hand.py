@@ -275,3 +275,27 @@ def test_timelines_rank_records_one_step_of_each_version_and_draws_it():
     fig = draw_timelines({v: [r[v] for r in ranks] for v in ranks[0]}, "title")
     assert len(fig.axes) == 3 and fig.axes[0].get_title(loc="left") == "after backward"
     plt.close(fig)
+
+
+def _watched(rank, world_size):
+    import torch.distributed as dist
+
+    from course_utils.exercises.nb06 import all_reduces_watched
+
+    first = dist.all_reduce(torch.ones(1), async_op=True)
+    first.wait()
+    held = [(cls, name, cls.__dict__.get(name)) for cls, name in
+            ((dist.ProcessGroup, "allreduce"), (type(first), "wait"))]
+    with all_reduces_watched() as reduced:
+        dist.all_reduce(torch.ones(3))  # blocking: waited inside the call
+        handle = dist.all_reduce(torch.ones(5), async_op=True)
+        dist.broadcast(torch.ones(2), src=0)  # not an all-reduce
+        waited_before = reduced[1]["waited"]
+        handle.wait()
+    restored = all(cls.__dict__.get(name) is value for cls, name, value in held)
+    return [(r["numel"], r["waited"]) for r in reduced], waited_before, restored
+
+
+def test_the_exercise_watcher_counts_all_reduces_and_their_waits_and_puts_the_classes_back():
+    for reduced, waited_before, restored in launch(_watched, 2, echo=False, backend="gloo"):
+        assert reduced == [(3, 1), (5, 1)] and waited_before == 0 and restored
