@@ -27,8 +27,9 @@ from .devices import rank_device, wrap_ddp
 from .models import seeded
 from .snapshots import state_copy
 
-__all__ = ["VERSIONS", "comm_heavy_model", "lesson_batches", "lesson_model", "step_times_rank",
-           "timeline_intervals", "train_one_process", "train_rank"]
+__all__ = ["VERSIONS", "comm_heavy_model", "draw_timelines", "lesson_batches", "lesson_model",
+           "step_times_rank", "timeline_intervals", "timelines_rank", "train_one_process", "train_rank",
+           "train_versions"]
 
 #: the four ways to keep the ranks' models equal: the three by hand, then torch's DDP
 VERSIONS = ("after_backward", "per_parameter", "bucketed", "torch_ddp")
@@ -109,6 +110,7 @@ def train_rank(rank: int, world_size: int, version: str, bucket_cap_mb: float | 
     counts = []
     for x, y in lesson_batches(steps):
         x, y = x.tensor_split(world_size)[rank].to(device), y.tensor_split(world_size)[rank].to(device)
+        # region: step
         optimizer.zero_grad()
         loss = F.mse_loss(ddp_model(x), y)
         before = _all_reduces() if count else []
@@ -123,10 +125,23 @@ def train_rank(rank: int, world_size: int, version: str, bucket_cap_mb: float | 
         if count:
             counts.append({"during": _between(before, at_end), "after": _between(at_end, _all_reduces())})
         optimizer.step()
+        # endregion
     params = state_copy(model)
     ddp_model = optimizer = None  # gone before the process group (gloo's clean exit)
     gc.collect()
     return {"params": params, "events": timeline.events, "buckets": buckets, "counts": counts}
+
+
+def train_versions(rank: int, world_size: int, runs: Sequence[tuple[str, float | None]],
+                   options: dict[str, Any]) -> dict[tuple[str, float | None], dict]:
+    """:func:`train_rank` for each ``(version, bucket_cap_mb)`` of ``runs`` in turn, in this one
+    process group (``options``, a dict of its keyword arguments, go to every run): what notebook
+    06 compares, from one launch."""
+    results = {}
+    for version, cap in runs:
+        results[version, cap] = train_rank(rank, world_size, version, cap, **options)
+        dist.barrier()
+    return results
 
 
 def train_one_process(steps: int = 3, tied: bool = False, frozen: bool = False) -> dict[str, torch.Tensor]:
@@ -164,6 +179,72 @@ def timeline_intervals(events: Sequence[Event], t0: float | None = None) -> dict
             start = open_.pop((kind, e.index)) - t0
             bars[kind].append((start, e.t - t0) if kind == "backward" else (e.index, start, e.t - t0))
     return bars
+
+
+def draw_timelines(per_version: dict[str, list[Sequence[Event]]], title: str = "") -> Any:
+    """Notebook 06's measured timeline: one panel per version, one lane per rank, each panel on the
+    clock of its earliest event (the same scale in every panel). Grey bars: the backward passes;
+    coloured bars: each all-reduce, from the moment it was started to the moment the backend
+    finished it; black ticks: the training loop waiting for it. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(per_version), 1, figsize=(9, 1.2 + 1.1 * len(per_version)), sharex=True)
+    axes = [axes] if len(per_version) == 1 else list(axes)
+    colours = plt.get_cmap("tab10")
+    for ax, (version, ranks) in zip(axes, per_version.items(), strict=True):
+        t0 = min(e.t for events in ranks for e in events)
+        for rank, events in enumerate(ranks):
+            bars = timeline_intervals(events, t0)
+            y = len(ranks) - 1 - rank
+            ax.broken_barh([(1e3 * a, 1e3 * (b - a)) for a, b in bars["backward"]], (y - 0.4, 0.35),
+                           color="0.75", label="backward" if rank == 0 else None)
+            for index, start, done in bars["all_reduce"]:
+                end = start if done is None else done
+                ax.broken_barh([(1e3 * start, max(1e3 * (end - start), 0.05))], (y + 0.02, 0.35),
+                               color=colours(index % 10), alpha=0.85)
+            for _, start, end in bars["wait"]:
+                ax.plot([1e3 * start, 1e3 * end], [y - 0.02, y - 0.02], color="black", lw=2)
+        ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in reversed(range(len(ranks)))])
+        ax.set_title(version.replace("_", " "), fontsize=10, loc="left")
+    axes[-1].set_xlabel("ms since the step's first event (grey: backward; colours: one all-reduce each, "
+                        "start to done; black: waiting)")
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def timelines_rank(rank: int, world_size: int, width: int, rows: int, bucket_cap_mb: float,
+                   steps: int = 3) -> dict[str, list[Event]]:
+    """The events of the last of ``steps`` training steps of ``comm_heavy_model(width)`` under each
+    version by hand (``rows`` rows per rank; the bucketed one with ``bucket_cap_mb``), one version
+    after the other, for notebook 06's timeline. The earlier steps warm up."""
+    device = rank_device()
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(rows, width, generator=g).to(device)
+    y = torch.randint(0, 10, (rows,), generator=g).to(device)
+    result = {}
+    for version in VERSIONS[:3]:
+        model = comm_heavy_model(width).to(device)
+        ddp_model = model if version == "after_backward" else \
+            DDPByHand(model, bucket_cap_mb if version == "bucketed" else None)
+        for step in range(steps):
+            timeline = Timeline(record=step == steps - 1)
+            ddp_model.timeline = timeline  # the wrapper marks its all-reduces on it
+            model.zero_grad()
+            dist.barrier()
+            loss = F.cross_entropy(ddp_model(x), y)
+            timeline.mark("backward_start")
+            loss.backward()
+            timeline.mark("backward_end")
+            if version == "after_backward":
+                average_gradients(model, timeline)
+            else:
+                ddp_model.finish_gradient_synchronization()
+        result[version] = timeline.events
+        ddp_model = model = None
+    gc.collect()
+    return result
 
 
 def comm_heavy_model(width: int, layers: int = 4) -> nn.Module:

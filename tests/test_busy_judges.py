@@ -1,7 +1,7 @@
 """The checks that run ranks tell slow from stuck (issue 32): a right answer is judged right while
 other processes keep every core busy, a real hang is still reported within the promised time (also
 with fresh-interpreter starts), and a rank that computes for longer than any old wall-clock limit
-is not taken for a stuck one. The judges of notebooks 05, 09 and 11 list the cases they try."""
+is not taken for a stuck one. The judges of notebooks 05, 06, 09 and 11 list the cases they try."""
 
 import contextlib
 import os
@@ -13,7 +13,7 @@ import pytest
 
 import course_utils.distributed
 from course_utils.distributed import LaunchTimeout, launch
-from course_utils.exercises import bank, find, nb05, nb09, nb11, run_source
+from course_utils.exercises import bank, find, nb05, nb06, nb09, nb11, run_source
 from course_utils.launcher.waiting import STALL_S, Stalls, watching_stalls
 
 #: what the course promises: a hang comes back within about 15 s; the tests allow twice that on a
@@ -120,7 +120,7 @@ def _rank_exercises():
 @pytest.mark.stress
 def test_every_right_answer_of_a_rank_check_is_right_with_every_core_busy():
     keys = _rank_exercises()
-    assert {"05.4", "09.2", "09.3", "11.1", "11.3", "11.4", "11.5", "11.8"} <= set(keys), keys
+    assert {"05.4", "06.1", "06.2", "09.2", "09.3", "11.1", "11.3", "11.4", "11.5", "11.8"} <= set(keys), keys
     wrong, times = [], []
     with every_core_busy() as loops:
         for key in keys:
@@ -147,7 +147,7 @@ def test_fresh_interpreter_starts_judge_right_and_report_a_hang_with_every_core_
         f"fresh interpreters, {loops} busy loops: the hang took {seconds:.1f} s to report: {hung}")
 
 
-@pytest.mark.parametrize("module", [nb05, nb09, nb11], ids=["05", "09", "11"])
+@pytest.mark.parametrize("module", [nb05, nb06, nb09, nb11], ids=["05", "06", "09", "11"])
 def test_every_judge_lists_its_cases_and_a_fix_or_implement_tries_several(module):
     exercises = module.EXERCISES
     assert sorted(module.CASES) == sorted(ex.key for ex in exercises)

@@ -11,7 +11,16 @@ import torch
 from torch import nn
 
 from course_utils.ddp_by_hand import DDPByHand, Event, Timeline, assign_buckets
-from course_utils.ddp_by_hand_runs import lesson_model, timeline_intervals, train_one_process, train_rank
+from course_utils.ddp_by_hand_runs import (
+    comm_heavy_model,
+    draw_timelines,
+    lesson_model,
+    timeline_intervals,
+    timelines_rank,
+    train_one_process,
+    train_rank,
+    train_versions,
+)
 from course_utils.distributed import launch
 
 #: bucket caps (MB) on lesson_model (3024 bytes of parameters, the largest 1024): below the
@@ -233,3 +242,60 @@ def test_every_recorded_all_reduce_becomes_a_bar_that_ends_after_it_starts(runs,
         assert len(bars["all_reduce"]) == STEPS * per_step
         assert all(done is not None and done >= start for _, start, done in bars["all_reduce"])
         assert len(bars["wait"]) == (0 if version == "after_backward" else len(bars["all_reduce"]))
+
+
+def test_train_versions_runs_each_version_in_one_group_with_the_options_given():
+    runs = [("after_backward", None), ("bucketed", CAPS["a few"])]
+    ranks = launch(train_versions, 2, runs, {"steps": 1, "tied": True, "count": True}, echo=False,
+                   backend="gloo")
+    for rank in ranks:
+        assert list(rank) == runs
+        assert len(rank["after_backward", None]["counts"]) == 1  # steps=1 reached train_rank
+        assert rank["after_backward", None]["counts"][0]["after"] == _trainable_numels({"tied": True})
+    assert torch.equal(ranks[0]["bucketed", CAPS["a few"]]["params"]["6.bias"],
+                       ranks[1]["bucketed", CAPS["a few"]]["params"]["6.bias"])
+
+
+def test_timelines_rank_records_one_step_of_each_version_and_draws_it():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranks = launch(timelines_rank, 2, 32, 4, 0.004, 2, echo=False, backend="gloo")
+    params = list(comm_heavy_model(32).parameters())
+    for rank in ranks:
+        assert list(rank) == ["after_backward", "per_parameter", "bucketed"]
+        for version, events in rank.items():
+            whats = [e.what for e in events]
+            assert whats.count("backward_start") == 1  # the last step only
+            expected = len(assign_buckets(params, 0.004)) if version == "bucketed" else len(params)
+            assert whats.count("all_reduce_start") == expected, version
+            assert whats.count("wait_end") == (0 if version == "after_backward" else expected)
+    fig = draw_timelines({v: [r[v] for r in ranks] for v in ranks[0]}, "title")
+    assert len(fig.axes) == 3 and fig.axes[0].get_title(loc="left") == "after backward"
+    plt.close(fig)
+
+
+def _watched(rank, world_size):
+    import torch.distributed as dist
+
+    from course_utils.exercises.nb06 import all_reduces_watched
+
+    first = dist.all_reduce(torch.ones(1), async_op=True)
+    first.wait()
+    held = [(cls, name, cls.__dict__.get(name)) for cls, name in
+            ((dist.ProcessGroup, "allreduce"), (type(first), "wait"))]
+    with all_reduces_watched() as reduced:
+        dist.all_reduce(torch.ones(3))  # blocking: waited inside the call
+        handle = dist.all_reduce(torch.ones(5), async_op=True)
+        dist.broadcast(torch.ones(2), src=0)  # not an all-reduce
+        waited_before = reduced[1]["waited"]
+        handle.wait()
+    restored = all(cls.__dict__.get(name) is value for cls, name, value in held)
+    return [(r["numel"], r["waited"]) for r in reduced], waited_before, restored
+
+
+def test_the_exercise_watcher_counts_all_reduces_and_their_waits_and_puts_the_classes_back():
+    for reduced, waited_before, restored in launch(_watched, 2, echo=False, backend="gloo"):
+        assert reduced == [(3, 1), (5, 1)] and waited_before == 0 and restored
