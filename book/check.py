@@ -292,6 +292,16 @@ def most_cjk(site: Path, pages: list[Path]) -> Path | None:
     return max(pages, key=lambda p: (count(p), p.name == "index.html"), default=None)
 
 
+def _network_quiet(page, timeout_ms: int = 20_000) -> None:
+    """Wait until the page has had no request in flight for a moment (Playwright's "networkidle");
+    past ``timeout_ms`` go on: a request that then fails is reported by the page's handlers."""
+    try:
+        page.wait_for_load_state("networkidle", timeout=timeout_ms)
+    except Exception as err:  # playwright's TimeoutError; the check goes on and reports what failed
+        if "Timeout" not in type(err).__name__:
+            raise
+
+
 def _check_page(browser, site: Path, base: str, page_path: Path, notebook: Path | None,
                 shots: Path | None, root: Path, lang: str = ENGLISH) -> list[str]:
     problems: list[str] = []
@@ -316,6 +326,9 @@ def _check_page(browser, site: Path, base: str, page_path: Path, notebook: Path 
         for label, viewport in (("desktop", DESKTOP), ("phone", PHONE)):
             page.set_viewport_size(viewport)
             page.goto(url, wait_until="load")
+            # MathJax fetches its fonts after "load"; moving on while one is in flight aborts it
+            # (net::ERR_ABORTED), which read as a failed request on a busy machine: wait for quiet
+            _network_quiet(page)
             facts = page.evaluate(PAGE_FACTS, CJK_RANGES)
             if facts["typeset"] < facts["math"]:
                 problems.append(f"math not typeset at {label} width: {facts['typeset']} of {facts['math']}")
