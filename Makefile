@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
 .DEFAULT_GOAL := help
-.PHONY: help install test unit nbval nbval-portable stress execute lab lab-refresh preflight solutions lint bench gpu-check compat editions clean
+.PHONY: help install test unit nbval nbval-portable stress execute lab lab-refresh preflight solutions lint bench gpu-check compat compat-all editions clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -83,6 +83,19 @@ gpu-check: $(STAMP) ## On a GPU machine: the gpu tests and every notebook on the
 TORCH ?= 2.11.0
 compat: ## Every notebook, every solution and the launch tests on another torch (TORCH=2.11.0, Colab's)
 	$(PYTHON) -m course_utils.tools.compat_check --torch $(TORCH)
+
+# CI's check of the other releases: Colab's and the newest that installs here, at the same time
+# (each in its own environment, with its own log in .compat/; both logs printed whole at the end),
+# which takes about half as long as one after the other on 2 cores.
+COMPAT_RELEASES := 2.11.0 2.14.1
+compat-all: ## make compat for the releases CI checks (2.11.0 and 2.14.1), side by side
+	@mkdir -p .compat; pids=""; \
+	for t in $(COMPAT_RELEASES); do \
+	    $(MAKE) --no-print-directory compat TORCH=$$t > .compat/compat-$$t.log 2>&1 & pids="$$pids $$!"; \
+	done; \
+	status=0; for p in $$pids; do wait $$p || status=1; done; \
+	for t in $(COMPAT_RELEASES); do echo "===== make compat TORCH=$$t"; cat .compat/compat-$$t.log; done; \
+	exit $$status
 
 # The Korean, Japanese and Chinese editions (notebooks/ko, ja, zh) from the English notebooks and
 # the PO files: a changed English cell keeps its translation, flagged fuzzy; a new cell gets an
