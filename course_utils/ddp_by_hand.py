@@ -74,9 +74,10 @@ def broadcast_from_rank_0(module: nn.Module) -> None:
 def average_gradients(model: nn.Module, timeline: Timeline | None = None) -> None:
     """Step 1: after ``backward()``, replace every gradient by its mean over the ranks.
 
-    One blocking all-reduce per parameter that trains (``requires_grad``), in registration order,
-    each started only when the one before it has finished: the backward pass is over by then, so
-    nothing overlaps. ``timeline`` numbers them by that order.
+    One all-reduce per parameter that trains (``requires_grad``), in registration order, each a
+    blocking call (on gloo it returns when the sum has arrived; on NCCL when it is queued on the
+    GPU's stream, which runs them in order): the backward pass is over by then, so nothing
+    overlaps. ``timeline`` numbers them by that order.
     """
     timeline = timeline or Timeline(record=False)
     world_size = dist.get_world_size()
@@ -91,25 +92,29 @@ def average_gradients(model: nn.Module, timeline: Timeline | None = None) -> Non
 def assign_buckets(parameters: Iterable[nn.Parameter],
                    bucket_cap_mb: float | None) -> list[list[nn.Parameter]]:
     """The buckets of step 3: ``parameters`` in reverse order (the order in which backward
-    produces their gradients), each bucket filled up to ``bucket_cap_mb`` MiB (2**20 bytes).
+    produces their gradients), each bucket filled until it reaches ``bucket_cap_mb`` MiB (2**20
+    bytes), DDP's rule.
 
-    A parameter joins the current bucket if the bucket then stays within the cap, else it opens the
-    next one; a parameter larger than the cap has a bucket of its own. ``None``: every parameter in
-    a bucket of its own (step 2). Torch's DDP closes a bucket once it has reached the cap (so a
-    bucket can pass it), and in torch 2.13 it sends its first step's gradients in one bucket,
-    then rebuilds its buckets in the order the gradients arrived: its bucket count can differ from
-    this one (5 MB on four 4 MiB layers: 4 buckets here, 2 in DDP).
+    A parameter always joins the current bucket; the bucket closes as soon as its size has reached
+    the cap, so a bucket can pass the cap by its last parameter, and a parameter larger than the cap
+    closes the bucket it lands in. A parameter is never split. ``None``: every parameter in a bucket
+    of its own (step 2). Torch's DDP applies the same rule (an explicit ``bucket_cap_mb`` caps its
+    first bucket too, in torch 2.13), but by default it sends its first step's gradients in one
+    bucket and then rebuilds its buckets in the order the gradients arrived, and it keeps buckets of
+    different dtypes or devices apart.
     """
     cap_bytes = 0 if bucket_cap_mb is None else bucket_cap_mb * 2**20
     buckets: list[list[nn.Parameter]] = []
+    current: list[nn.Parameter] = []
     size = 0
     for param in reversed(list(parameters)):
-        nbytes = param.numel() * param.element_size()
-        if not buckets or size + nbytes > cap_bytes:
-            buckets.append([])
-            size = 0
-        buckets[-1].append(param)
-        size += nbytes
+        current.append(param)
+        size += param.numel() * param.element_size()
+        if size >= cap_bytes:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
     return buckets
 
 
@@ -142,12 +147,17 @@ class DDPByHand(nn.Module):
     then creates fresh ones that are no longer views of the buffer. A bucket holding a single
     parameter is reduced in place, without a copy.
 
-    Every rank must produce the same gradients in the same order (the same model and graph), and
-    every parameter that trains must get a gradient in each backward pass, as DDP's default
-    (``find_unused_parameters=False``) also assumes: a bucket whose gradients never all arrive is
-    never sent. ``timeline`` (a :class:`Timeline`) records when each all-reduce starts, finishes
-    and is waited for. The parameters should share one dtype and device (DDP also separates
-    buckets by dtype and device).
+    Every rank must produce the same gradients in the same order (the same model and graph), every
+    parameter that trains must get a gradient in each backward pass, as DDP's default
+    (``find_unused_parameters=False``) also assumes, and ``finish_gradient_synchronization`` must
+    follow every ``backward()`` (there is no ``no_sync`` for gradient accumulation): a bucket whose
+    gradients did not all arrive exactly once is never sent, and ``finish_gradient_synchronization``
+    raises ``RuntimeError`` instead of letting the ranks drift apart (DDP raises too). Buckets
+    start in the order they fill, not strictly one after the other as DDP's reducer launches
+    them; buffers are broadcast once, when the wrapper is built (DDP also re-broadcasts them before
+    every forward by default: it matters for BatchNorm's running statistics). ``timeline`` (a
+    :class:`Timeline`) records when each all-reduce starts, finishes and is waited for. The
+    parameters should share one dtype and device (DDP also separates buckets by dtype and device).
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None,
@@ -192,6 +202,7 @@ class DDPByHand(nn.Module):
     def finish_gradient_synchronization(self) -> None:
         """After ``backward()``, before ``optimizer.step()``: wait for every all-reduce, in the
         order they started, and leave each ``.grad`` holding the mean over the ranks."""
+        missing = [b for b, bucket in enumerate(self.buckets) if self.arrived[b] != len(bucket)]
         for b, flat, handle in self.in_flight:
             self.timeline.mark("wait_start", b)
             handle.wait()
@@ -203,3 +214,10 @@ class DDPByHand(nn.Module):
                     param.grad.copy_(mean.view_as(param))
         self.in_flight = []
         self.arrived = [0] * len(self.buckets)
+        if missing:
+            names = {p: n for n, p in self.module.named_parameters()}
+            raise RuntimeError(
+                f"buckets {missing} did not get each of their gradients exactly once in this backward "
+                f"pass (first: {[names[p] for p in self.buckets[missing[0]]]}), so they were not "
+                "all-reduced and the ranks would drift apart: every parameter that trains must take "
+                "part in the loss, and finish_gradient_synchronization() must follow every backward()")
