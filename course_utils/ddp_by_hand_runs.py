@@ -249,7 +249,8 @@ def timelines_rank(rank: int, world_size: int, width: int, rows: int, bucket_cap
 
 def comm_heavy_model(width: int, layers: int = 4) -> nn.Module:
     """``layers`` square layers of ``width`` (4 MiB each at width 1024) and a head of 10 classes:
-    on a small batch, sending its gradients costs about as much as computing them."""
+    many parameters and little computation on a small batch, so that sending the gradients is a
+    large part of a step (how large depends on the machine and the network)."""
     def build() -> nn.Module:
         blocks: list[nn.Module] = []
         for _ in range(layers):
