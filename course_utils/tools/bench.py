@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     buckets = by_hand["buckets"]
     for version, label, note in (
             ("bucketed", "bucketed", f"goal <= 1.2; {buckets['bucketed']} buckets by hand, "
-                                     f"{buckets['torch_ddp']} in DDP, cap {BY_HAND_CAP_MB:g} MB"),
+                                     f"{buckets['torch_ddp']} in DDP, cap {BY_HAND_CAP_MB:g} MiB"),
             ("per_parameter", "per parameter", "one all-reduce per parameter, from hooks"),
             ("after_backward", "after backward", "one all-reduce per parameter, after backward")):
         rows.append((f"DDP by hand, {label} / torch DDP, 2 ranks, w={width} (step ms)",
