@@ -340,13 +340,18 @@ def average_rank(rank: int, world_size: int, answer: Any) -> str | None:
     return None
 
 
-def _judge_average_gradients(answer: Any) -> str | None:
+def _on_every_world_size(rank_fn: Any, answer: Any) -> str | None:
+    """The first hint ``rank_fn`` gives on ``answer``, trying each of ``WORLDS`` in turn."""
     for world_size in WORLDS:
-        hint = hint_from_ranks(average_rank, world_size, answer, hang_hint=(
+        hint = hint_from_ranks(rank_fn, world_size, answer, hang_hint=(
             "the ranks hung: every rank must all-reduce the same gradients, in the same order"))
         if hint is not None:
             return hint
     return None
+
+
+def _judge_average_gradients(answer: Any) -> str | None:
+    return _on_every_world_size(average_rank, answer)
 
 
 # ---------------------------------------------------------------- 06.2: the hook version
@@ -456,12 +461,7 @@ def _is_gradient(record: dict, grads: set[int], own: list[torch.Tensor], world_s
 
 
 def _judge_hooks(answer: Any) -> str | None:
-    for world_size in WORLDS:
-        hint = hint_from_ranks(hooks_rank, world_size, answer, hang_hint=(
-            "the ranks hung: every rank must all-reduce the same gradients, in the same order"))
-        if hint is not None:
-            return hint
-    return None
+    return _on_every_world_size(hooks_rank, answer)
 
 
 EXERCISES = load_bank(__name__)
