@@ -259,6 +259,9 @@ CASES = {
     "ddp_by_hand_runs.train_rank bucketed": (2, ("bucketed", 0.0015)),
     "ddp_by_hand_runs.train_rank torch_ddp": (2, ("torch_ddp",)),
     "ddp_by_hand_runs.step_times_rank": (2, (64, 8, 0.01, 1)),
+    "ddp_by_hand_runs.train_versions": (2, ([("per_parameter", None), ("bucketed", 0.001),
+                                             ("torch_ddp", None)], {"steps": 1, "tied": True})),
+    "ddp_by_hand_runs.timelines_rank": (2, (32, 4, 0.01, 1)),
 }
 #: Rank functions that cannot finish under the audit, and why that is safe.
 EXEMPT = {
