@@ -81,9 +81,10 @@ def _ci_compat_releases() -> set[str]:
     from course_utils.tools.compat_check import DEFAULT_TORCH
 
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    commands = [line.split("&")[0].strip() for line in ci]  # a step may run in the background
     checked = {DEFAULT_TORCH if line == "make compat" else line.removeprefix("make compat TORCH=")
-               for line in ci if line.startswith("make compat") and line != "make compat-all"}
-    if "make compat-all" in ci:
+               for line in commands if line.startswith("make compat") and line != "make compat-all"}
+    if "make compat-all" in commands:
         listed = re.search(r"^COMPAT_RELEASES := (.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
         checked |= set(listed.group(1).split())
     return checked
