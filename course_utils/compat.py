@@ -22,7 +22,7 @@ And what differs on Windows, whose torch builds lack libuv, which a ``TCPStore``
   out on Windows (``USE_LIBUV=0`` is its default there).
 - ``run_torchrun_without_libuv``: torchrun's agent, with its rendezvous stores made without
   libuv. torchrun offers no option for those stores (``USE_LIBUV=0`` reaches other stores only),
-  so ``course_utils.torchrun`` runs the agent through this on Windows.
+  so ``course_utils.faults.torchrun`` runs the agent through this on Windows.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ What it takes care of, because a notebook cannot:
   compute can deadlock). ``fn`` and ``args`` travel to the ranks with ``cloudpickle``: a function
   defined in a notebook cell, a script's ``__main__``, or inside another function (a closure, a
   lambda) is sent *by value*, with the globals and closure variables it uses; a function that can
-  be imported by name (``course_utils.ddp_demos.hello``) is sent by reference, as plain pickle
+  be imported by name (``course_utils.ddp.demos.hello``) is sent by reference, as plain pickle
   does. What cannot travel (an open file, a lock, a socket, a generator, a GPU tensor) is named
   in a ``TypeError`` before any rank starts.
 - **Fast starts.** A fresh interpreter spends about 1.2 s importing torch, and DDP's first

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils.amp import autocast, grad_scaler, output_dtypes
-from course_utils.ddp_train import TrainConfig, train_ddp, train_reference
+from course_utils.ddp.amp import autocast, grad_scaler, output_dtypes
+from course_utils.ddp.train import TrainConfig, train_ddp, train_reference
 from course_utils.distributed import launch
 
 

@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from course_utils import strategy_harness
+from course_utils.sharding import strategies as strategy_harness
 from course_utils.tools import bench
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils.by_hand import (
+from course_utils.dataparallel.by_hand import (
     DataParallelByHand,
     data_parallel,
     gather,
@@ -14,10 +14,10 @@ from course_utils.by_hand import (
     scatter,
     scatter_kwargs,
 )
-from course_utils.dp_evidence import compare_training, time_steps
+from course_utils.dataparallel.evidence import compare_training, time_steps
+from course_utils.dataparallel.simulated import SimDevice, course_devices, parse_devices, sim_devices
+from course_utils.dataparallel.splits import split_sizes
 from course_utils.models import SequenceGRU, SmallCNN
-from course_utils.simulated import SimDevice, course_devices, parse_devices, sim_devices
-from course_utils.splits import split_sizes
 
 Pair = namedtuple("Pair", "a b")
 
@@ -321,7 +321,7 @@ def test_wrapper_tolerates_small_batches_like_nn_data_parallel():
 def test_record_memory_counts_what_a_device_holds_alike_on_both_paths():
     """A real scatter leaves a view of the whole input on the source device: counting storages
     (as the real path does) gives what the simulated path records, the whole input."""
-    from course_utils.simulated import note_memory, record_memory
+    from course_utils.dataparallel.simulated import note_memory, record_memory
 
     x = torch.randn(8, 4)
     chunks = x.chunk(2)
@@ -356,12 +356,14 @@ def _course_imports(module) -> set[str]:
 def test_the_imports_run_one_way_from_the_composition_to_the_primitives():
     """by_hand composes the primitives through dp_primitives, which dispatches to sim_primitives:
     the lesson's primitives import neither, and the dispatcher does not import the composition."""
-    from course_utils import by_hand, dp_primitives, sim_primitives
+    from course_utils.dataparallel import by_hand, sim_primitives
+    from course_utils.dataparallel import primitives as dp_primitives
 
-    assert {"course_utils.dp_primitives", "course_utils.sim_primitives"} <= _course_imports(by_hand)
-    assert "course_utils.sim_primitives" in _course_imports(dp_primitives)
-    assert "course_utils.by_hand" not in _course_imports(dp_primitives)
-    assert _course_imports(sim_primitives) & {"course_utils.by_hand", "course_utils.dp_primitives"} == set()
+    wing = "course_utils.dataparallel."
+    assert {wing + "primitives", wing + "sim_primitives"} <= _course_imports(by_hand)
+    assert wing + "sim_primitives" in _course_imports(dp_primitives)
+    assert wing + "by_hand" not in _course_imports(dp_primitives)
+    assert _course_imports(sim_primitives) & {wing + "by_hand", wing + "primitives"} == set()
     # what notebook 03 shows as the four steps is the primitives' own code, not the dispatcher's
     assert [f.__module__ for f in (by_hand.scatter, by_hand.replicate, by_hand.parallel_apply,
-                                   by_hand.gather)] == ["course_utils.sim_primitives"] * 4
+                                   by_hand.gather)] == ["course_utils.dataparallel.sim_primitives"] * 4

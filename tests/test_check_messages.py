@@ -9,7 +9,7 @@ from course_utils.tools.compat_check import _VERDICT
 
 LONG_HINT = ("your ranks never reached the all_reduce: rank 1 waited in dist.barrier() while rank 0 "
              "was in torch.distributed.all_reduce, so every rank must call the same collectives in "
-             "the same order; see course_utils/failure_zoo.py and TORCH_DISTRIBUTED_DEBUG=DETAIL "
+             "the same order; see course_utils/debugging/failure_zoo.py and TORCH_DISTRIBUTED_DEBUG=DETAIL "
              "(--nproc-per-node=2 on a machine-with-a-hyphenated-name)")
 
 

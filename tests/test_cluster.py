@@ -5,12 +5,12 @@ import subprocess
 
 import pytest
 
-from course_utils.cluster import slurm_script
+from course_utils.faults.cluster import slurm_script
 
 
 def script(**kwargs):
     return slurm_script(**{"job_name": "ddp", "nodes": 2, "gpus_per_node": 4,
-                           "module": "course_utils.ddp_train", **kwargs})
+                           "module": "course_utils.ddp.train", **kwargs})
 
 
 def test_one_agent_per_node_meeting_at_the_first_node():
@@ -20,7 +20,7 @@ def test_one_agent_per_node_meeting_at_the_first_node():
                  "#SBATCH --cpus-per-task=32", "--nnodes=2", "--nproc-per-node=4",
                  "--rdzv-backend=c10d", '--rdzv-endpoint="$head_node:29501"',
                  '--rdzv-id="$SLURM_JOB_ID"', "--max-restarts=2",
-                 "-m course_utils.ddp_train --epochs 3"):
+                 "-m course_utils.ddp.train --epochs 3"):
         assert line in text, line
 
 
@@ -37,7 +37,7 @@ def test_the_network_interface_is_set_only_when_given():
 
 
 def test_arguments_are_quoted_for_the_shell():
-    assert "-m course_utils.ddp_train --out 'my run.pt'" in script(args=("--out", "my run.pt"))
+    assert "-m course_utils.ddp.train --out 'my run.pt'" in script(args=("--out", "my run.pt"))
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash on this machine")

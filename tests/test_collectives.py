@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_utils.collectives import SyncBatchNormByHand, ring_all_reduce
+from course_utils.ddp.collectives import SyncBatchNormByHand, ring_all_reduce
 from course_utils.distributed import launch
 
 pytestmark = pytest.mark.usefixtures("nothing_left_behind")

@@ -155,7 +155,7 @@ def test_without_a_dump_function_there_is_no_dump(monkeypatch):
     for name in compat.FLIGHT_RECORDER_DUMPS:
         monkeypatch.delattr(c10d, name, raising=False)
     assert compat.flight_recorder_dump_name() is None and compat.dump_flight_recorder() is None
-    from course_utils import flight_recorder
+    from course_utils.debugging import flight_recorder
     assert flight_recorder.flight_table({}) == ["(no Flight Recorder dump: this torch cannot take one)"]
 
 
@@ -163,7 +163,7 @@ def test_an_analyzer_that_refuses_gloo_is_reported_not_raised(monkeypatch):
     """Torch 2.11's analyzer stops at gloo's entries; the course says so instead."""
     from torch.distributed.flight_recorder.components import types
 
-    from course_utils import flight_recorder
+    from course_utils.debugging import flight_recorder
 
     assert compat.analyzer_reads_gloo() == (compat.torch_release() >= (2, 13))  # 2.11's refuses them
     original = types.Op.__init__
@@ -223,13 +223,13 @@ def test_stores_ask_for_libuv_only_where_torch_has_it(monkeypatch):
 def test_on_windows_torchrun_runs_the_agent_without_libuv(monkeypatch):
     import sys
 
-    from course_utils import torchrun as tr
+    from course_utils.faults import torchrun as tr
 
     monkeypatch.delenv("USE_LIBUV", raising=False)
-    linux = tr._torchrun_command("course_utils.ddp_train", 2, ("--epochs", "1"), ("--standalone",))
+    linux = tr._torchrun_command("course_utils.ddp.train", 2, ("--epochs", "1"), ("--standalone",))
     assert linux[1:3] == ["-m", "torch.distributed.run"] and "USE_LIBUV" not in tr._agent_env()
     monkeypatch.setattr(sys, "platform", "win32")
-    windows = tr._torchrun_command("course_utils.ddp_train", 2, ("--epochs", "1"), ("--standalone",))
+    windows = tr._torchrun_command("course_utils.ddp.train", 2, ("--epochs", "1"), ("--standalone",))
     assert windows[1:3] == ["-c", tr.WINDOWS_AGENT] and windows[3:] == linux[3:]
     assert tr._agent_env()["USE_LIBUV"] == "0"
     assert tr._agent_env({"USE_LIBUV": "1"})["USE_LIBUV"] == "1"  # a learner's own choice stays
@@ -267,10 +267,10 @@ def test_the_windows_agent_trains_as_torchrun_does(monkeypatch, tmp_path):
     the agent runs on Linux, with its rendezvous stores made without libuv)."""
     import sys
 
-    from course_utils.torchrun import torchrun
+    from course_utils.faults.torchrun import torchrun
 
     monkeypatch.setattr(sys, "platform", "win32")
-    job = torchrun("course_utils.ddp_train", 2, "--out", str(tmp_path / "w.pt"), "--epochs", "1")
+    job = torchrun("course_utils.ddp.train", 2, "--out", str(tmp_path / "w.pt"), "--epochs", "1")
     monkeypatch.undo()
     assert job.command[1:3] == ["-c", "from course_utils.compat import run_torchrun_without_libuv; "
                                       "run_torchrun_without_libuv()"]

@@ -87,17 +87,17 @@ def test_slow_dataset():
 # The course's seeded model factories: each builds under models.seeded, so each gives the same weights
 # every time and leaves the caller's random numbers as they were (four of them used to reseed them).
 FACTORIES = {
-    "ddp_train.make_model": lambda m: m.make_model(m.TrainConfig()),
-    "fault_demos.demo_model": lambda m: m.demo_model(),
-    "strategy_harness.mlp": lambda m: m.mlp(16),
-    "training_bugs.small_model": lambda m: m.small_model(),
-    "sharded_runs.toy_model": lambda m: m.toy_model(),
-    "failure_zoo._classifier": lambda m: m._classifier(),
+    "ddp.train.make_model": lambda m: m.make_model(m.TrainConfig()),
+    "faults.crashes.demo_model": lambda m: m.demo_model(),
+    "sharding.strategies.mlp": lambda m: m.mlp(16),
+    "debugging.training_bugs.small_model": lambda m: m.small_model(),
+    "sharding.runs.toy_model": lambda m: m.toy_model(),
+    "debugging.failure_zoo._classifier": lambda m: m._classifier(),
 }
 
 
 def _build(name):
-    return FACTORIES[name](importlib.import_module(f"course_utils.{name.split('.')[0]}"))
+    return FACTORIES[name](importlib.import_module(f"course_utils.{name.rsplit('.', 1)[0]}"))
 
 
 @pytest.mark.parametrize("name", FACTORIES)

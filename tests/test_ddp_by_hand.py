@@ -10,16 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils.ddp_by_hand import DDPByHand, Event, Timeline, assign_buckets
-from course_utils.ddp_by_hand_runs import (
+from course_utils.ddp.by_hand import DDPByHand, Event, Timeline, assign_buckets
+from course_utils.ddp.by_hand_runs import lesson_model, train_one_process, train_rank, train_versions
+from course_utils.ddp.by_hand_timing import (
     comm_heavy_model,
     draw_timelines,
-    lesson_model,
     timeline_intervals,
     timelines_rank,
-    train_one_process,
-    train_rank,
-    train_versions,
 )
 from course_utils.distributed import launch
 
@@ -198,7 +195,7 @@ def _ddp_bucket_count(rank, world_size, width, caps):
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from course_utils.ddp_by_hand_runs import comm_heavy_model
+    from course_utils.ddp.by_hand_timing import comm_heavy_model
     from course_utils.devices import wrap_ddp
 
     counts = []
@@ -335,7 +332,7 @@ def test_timelines_rank_records_one_step_of_each_version_and_draws_it():
 def _watched(rank, world_size):
     import torch.distributed as dist
 
-    from course_utils.exercises.nb06 import all_reduces_watched
+    from course_utils.exercises.all_reduces import all_reduces_watched
 
     first = dist.all_reduce(torch.ones(1), async_op=True)
     first.wait()

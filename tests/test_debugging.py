@@ -9,9 +9,9 @@ import socket
 import pytest
 import torch
 
-from course_utils import failure_zoo, flight_recorder, gradient_compression, hangs, training_bugs
+from course_utils.debugging import failure_zoo, flight_recorder, gradient_compression, hangs, training_bugs
+from course_utils.debugging.hangs import where_stuck
 from course_utils.distributed import LaunchTimeout, RankError, launch
-from course_utils.hangs import where_stuck
 
 pytestmark = pytest.mark.usefixtures("nothing_left_behind")
 

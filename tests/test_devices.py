@@ -13,11 +13,12 @@ from device_audit import DeviceAudit, audited
 from torch import nn
 
 import course_utils
-from course_utils import devices, training_bugs
-from course_utils.ddp_by_hand_runs import VERSIONS
-from course_utils.ddp_train import TrainConfig
+from course_utils import devices
+from course_utils.ddp.by_hand_runs import VERSIONS
+from course_utils.ddp.train import TrainConfig
+from course_utils.debugging import training_bugs
 from course_utils.distributed import launch
-from course_utils.strategy_harness import STRATEGIES, strategy_placement
+from course_utils.sharding.strategies import STRATEGIES, strategy_placement
 from course_utils.tools import bench
 
 
@@ -102,7 +103,7 @@ def test_strategy_placement_compares_like_with_like(strategies, gpus, nccl, wher
 def test_bench_figures_all_run_on_the_cpu_with_gloo(monkeypatch, capsys):
     """make bench compares ranks with ranks: on a GPU machine too, every launch it makes is gloo."""
     from course_utils import distributed
-    from course_utils import torchrun as torchrun_module
+    from course_utils.faults import torchrun as torchrun_module
 
     calls = []
 
@@ -190,14 +191,17 @@ def test_the_audit_checks_the_flat_collectives_under_both_releases_names():
 def _rank_functions() -> dict[str, object]:
     """Every function of course_utils that takes (rank, world_size, ...): what launch runs."""
     found = {}
-    for package, prefix in ((course_utils, ""), (course_utils.tools, "tools.")):  # the tools: make bench
-        for info in pkgutil.iter_modules(package.__path__):
-            module = importlib.import_module(f"{package.__name__}.{info.name}")
-            for name, fn in vars(module).items():
-                if inspect.isfunction(fn) and fn.__module__ == module.__name__:
-                    params = list(inspect.signature(fn).parameters)
-                    if params[:2] == ["rank", "world_size"]:
-                        found[f"{prefix}{info.name}.{name}"] = fn
+    # the lessons' modules (every wing and the shared ground) and the tools (make bench runs ranks);
+    # not the launcher's machinery nor the exercises' judges, which this audit has never covered
+    for info in pkgutil.walk_packages(course_utils.__path__, "course_utils."):
+        if info.name.startswith(("course_utils.launcher", "course_utils.exercises")):
+            continue
+        module = importlib.import_module(info.name)
+        for name, fn in vars(module).items():
+            if inspect.isfunction(fn) and fn.__module__ == module.__name__:
+                params = list(inspect.signature(fn).parameters)
+                if params[:2] == ["rank", "world_size"]:
+                    found[f"{info.name.removeprefix('course_utils.')}.{name}"] = fn
     return found
 
 
@@ -207,70 +211,70 @@ BERT = {"vocab": 32, "hidden": 16, "layers": 1, "heads": 2, "intermediate": 32, 
 #: name -> (world size, arguments after rank and world_size), chosen so that nothing fails or
 #: hangs on purpose: the audit needs the function to finish.
 CASES = {
-    "strategy_harness._harness_rank single": (1, ("single", 16, 8, 2, 1)),
-    "strategy_harness._harness_rank dp": (1, ("dp", 16, 8, 2, 1)),
-    "strategy_harness._harness_rank parallel_criterion": (1, ("parallel_criterion", 16, 8, 2, 1)),
-    "strategy_harness._harness_rank ddp_2": (2, ("ddp_2", 16, 8, 2, 1)),
-    "strategy_harness._harness_rank ddp_2_amp": (2, ("ddp_2_amp", 16, 8, 2, 1)),
-    "strategy_harness._harness_rank zero1_2": (2, ("zero1_2", 16, 8, 2, 1)),
-    "strategy_harness._harness_rank fsdp_2": (2, ("fsdp_2", 16, 8, 2, 1)),
+    "sharding.strategies._harness_rank single": (1, ("single", 16, 8, 2, 1)),
+    "sharding.strategies._harness_rank dp": (1, ("dp", 16, 8, 2, 1)),
+    "sharding.strategies._harness_rank parallel_criterion": (1, ("parallel_criterion", 16, 8, 2, 1)),
+    "sharding.strategies._harness_rank ddp_2": (2, ("ddp_2", 16, 8, 2, 1)),
+    "sharding.strategies._harness_rank ddp_2_amp": (2, ("ddp_2_amp", 16, 8, 2, 1)),
+    "sharding.strategies._harness_rank zero1_2": (2, ("zero1_2", 16, 8, 2, 1)),
+    "sharding.strategies._harness_rank fsdp_2": (2, ("fsdp_2", 16, 8, 2, 1)),
     "tools.bench._ring_rank": (2, ([1], 1)),
     "tools.bench._noop_rank": (2, ()),
-    "collectives.check_ring_all_reduce": (3, ([1, 7, 64],)),
-    "ddp_demos.hello": (2, ()),
-    "ddp_demos.all_reduce_sum": (2, ()),
-    "ddp_demos.raise_on_rank": (2, (99, "nobody raises")),
-    "ddp_demos.block_in_collective": (2, (99,)),
-    "ddp_demos.unused_parameters": (2, (True, 2)),
-    "ddp_demos.batchnorm_under_ddp plain": (2, (False,)),
-    "ddp_demos.batchnorm_under_ddp sync": (2, (True,)),
-    "ddp_demos.torch_sync_batchnorm_on_cpu": (2, ()),
-    "ddp_demos.save_on_rank_0": (2, ("{tmp}/model.pt",)),
-    "ddp_demos.ddp_buckets": (2, (0.25, 2)),
-    "ddp_demos.mismatched_all_reduce": (2, (True,)),
-    "ddp_train.train_ddp": (2, (TINY,)),
-    "ddp_train.train_resumable": (2, (TINY,)),
-    "memory._ddp_peak_rank": (2, (BERT, 2)),
-    "sharded_runs.zero_by_hand_rank": (2, ()),
-    "sharded_runs.api_rank": (2, (2, 8, 1e-2, "{tmp}/ckpt")),
-    "mesh_runs.mesh_rank": (4, (2,)),
+    "ddp.collectives.check_ring_all_reduce": (3, ([1, 7, 64],)),
+    "ddp.demos.hello": (2, ()),
+    "ddp.demos.all_reduce_sum": (2, ()),
+    "ddp.demos.raise_on_rank": (2, (99, "nobody raises")),
+    "ddp.demos.block_in_collective": (2, (99,)),
+    "ddp.demos.unused_parameters": (2, (True, 2)),
+    "ddp.demos.batchnorm_under_ddp plain": (2, (False,)),
+    "ddp.demos.batchnorm_under_ddp sync": (2, (True,)),
+    "ddp.demos.torch_sync_batchnorm_on_cpu": (2, ()),
+    "ddp.demos.save_on_rank_0": (2, ("{tmp}/model.pt",)),
+    "ddp.demos.ddp_buckets": (2, (0.25, 2)),
+    "ddp.demos.mismatched_all_reduce": (2, (True,)),
+    "ddp.train.train_ddp": (2, (TINY,)),
+    "ddp.train.train_resumable": (2, (TINY,)),
+    "dataparallel.memory._ddp_peak_rank": (2, (BERT, 2)),
+    "sharding.runs.zero_by_hand_rank": (2, ()),
+    "sharding.runs.api_rank": (2, (2, 8, 1e-2, "{tmp}/ckpt")),
+    "sharding.mesh.mesh_rank": (4, (2,)),
     # notebook 11: the zoo's rank functions, each in a form that finishes
-    "failure_zoo.sampler_orders": (2, (8, 2, True)),
-    "failure_zoo.eval_on_rank_0_only": (1, ()),  # one rank: nobody else to wait for
-    "failure_zoo.evaluate_everywhere": (2, ()),
-    "failure_zoo.padded_accuracy": (2, (5,)),
-    "failure_zoo.exact_accuracy": (2, (5,)),
-    "failure_zoo.collectives_out_of_order": (1, ()),
-    "failure_zoo.collectives_in_order": (2, ()),
-    "failure_zoo.save_then_load": (2, ("{tmp}/checkpoint.pt", True)),
-    "failure_zoo.out_of_order_as_on_nccl": (1, ()),
-    "training_bugs.train_accumulating": (2, (training_bugs.accumulate_step, 2, 3, 1)),
-    "training_bugs.train_uneven join": (2, ([3, 2], "join")),
-    "training_bugs.train_uneven equal": (2, ([3, 2], "equal")),
-    "training_bugs.train_unused": (2, ("static_graph", 2)),
-    "training_bugs.different_seeds": (2, ()),
-    "gradient_compression.train_compressed": (2, ("bf16", 2)),
-    "training_bugs.wrapped_keys": (1, ()),
-    "training_bugs.train_joined_logging": (2, ([3, 2], False)),
-    "gradient_compression.torch_bf16_hook": (2, ("a CUDA build with NCCL 2.21", 2)),
+    "debugging.failure_zoo.sampler_orders": (2, (8, 2, True)),
+    "debugging.failure_zoo.eval_on_rank_0_only": (1, ()),  # one rank: nobody else to wait for
+    "debugging.failure_zoo.evaluate_everywhere": (2, ()),
+    "debugging.failure_zoo.padded_accuracy": (2, (5,)),
+    "debugging.failure_zoo.exact_accuracy": (2, (5,)),
+    "debugging.failure_zoo.collectives_out_of_order": (1, ()),
+    "debugging.failure_zoo.collectives_in_order": (2, ()),
+    "debugging.failure_zoo.save_then_load": (2, ("{tmp}/checkpoint.pt", True)),
+    "debugging.failure_zoo.out_of_order_as_on_nccl": (1, ()),
+    "debugging.training_bugs.train_accumulating": (2, (training_bugs.accumulate_step, 2, 3, 1)),
+    "debugging.training_bugs.train_uneven join": (2, ([3, 2], "join")),
+    "debugging.training_bugs.train_uneven equal": (2, ([3, 2], "equal")),
+    "debugging.training_bugs.train_unused": (2, ("static_graph", 2)),
+    "debugging.training_bugs.different_seeds": (2, ()),
+    "debugging.gradient_compression.train_compressed": (2, ("bf16", 2)),
+    "debugging.training_bugs.wrapped_keys": (1, ()),
+    "debugging.training_bugs.train_joined_logging": (2, ([3, 2], False)),
+    "debugging.gradient_compression.torch_bf16_hook": (2, ("a CUDA build with NCCL 2.21", 2)),
     # notebook 06: DDP by hand, every version, and make bench's step times
-    "ddp_by_hand_runs.train_rank after_backward": (2, ("after_backward",)),
-    "ddp_by_hand_runs.train_rank per_parameter": (2, ("per_parameter",)),
-    "ddp_by_hand_runs.train_rank bucketed": (2, ("bucketed", 0.0015)),
-    "ddp_by_hand_runs.train_rank torch_ddp": (2, ("torch_ddp",)),
-    "ddp_by_hand_runs.step_times_rank": (2, (64, 8, 0.01, 1)),
-    "ddp_by_hand_runs.train_versions": (2, ([("per_parameter", None), ("bucketed", 0.001),
+    "ddp.by_hand_runs.train_rank after_backward": (2, ("after_backward",)),
+    "ddp.by_hand_runs.train_rank per_parameter": (2, ("per_parameter",)),
+    "ddp.by_hand_runs.train_rank bucketed": (2, ("bucketed", 0.0015)),
+    "ddp.by_hand_runs.train_rank torch_ddp": (2, ("torch_ddp",)),
+    "ddp.by_hand_timing.step_times_rank": (2, (64, 8, 0.01, 1)),
+    "ddp.by_hand_runs.train_versions": (2, ([("per_parameter", None), ("bucketed", 0.001),
                                              ("torch_ddp", None)], {"steps": 1, "tied": True})),
-    "ddp_by_hand_runs.timelines_rank": (2, (32, 4, 0.01, 1)),
+    "ddp.by_hand_timing.timelines_rank": (2, (32, 4, 0.01, 1)),
 }
 #: Rank functions that cannot finish under the audit, and why that is safe.
 EXEMPT = {
-    "fault_demos.die_while_saving": "kills itself with SIGKILL mid-save by design; it calls no "
+    "faults.crashes.die_while_saving": "kills itself with SIGKILL mid-save by design; it calls no "
                                     "module and no collective, so it has no device to get wrong",
-    "ddp_job.build_job": "train_ddp and train_resumable build their job with it (audited above)",
-    "sharded_runs.dcp_load_rank": "needs the checkpoint that sharded_runs.api_rank writes (audited above); "
+    "ddp.job.build_job": "train_ddp and train_resumable build their job with it (audited above)",
+    "sharding.runs.dcp_load_rank": "needs the checkpoint that sharding.runs.api_rank writes (audited above); "
                                   "tests/test_sharding.py runs the two in turn",
-    "failure_zoo.rendezvous_at": "makes its own process group (launch(init='none')) and computes "
+    "debugging.failure_zoo.rendezvous_at": "makes its own process group (launch(init='none')) and computes "
                                  "nothing: no tensor, no module",
 }
 

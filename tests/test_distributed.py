@@ -14,12 +14,12 @@ import psutil
 import pytest
 import torch
 
-from course_utils import ddp_demos
-from course_utils.collectives import check_ring_all_reduce, chunk_bounds, ring_bytes_per_rank
-from course_utils.ddp_train import TrainConfig, train_ddp, train_reference
+from course_utils.ddp import demos
+from course_utils.ddp.collectives import check_ring_all_reduce, chunk_bounds, ring_bytes_per_rank
+from course_utils.ddp.train import TrainConfig, train_ddp, train_reference
 from course_utils.devices import choose_backend
 from course_utils.distributed import LaunchTimeout, RankError, free_port, launch
-from course_utils.torchrun import torchrun
+from course_utils.faults.torchrun import torchrun
 
 pytestmark = pytest.mark.usefixtures("nothing_left_behind")
 
@@ -32,7 +32,7 @@ STARTS = pytest.mark.parametrize("start", ["forkserver",
 
 @STARTS
 def test_returns_values_in_rank_order_and_echoes_rank_by_rank(capsys, start):
-    results = launch(ddp_demos.hello, 3, start=start)
+    results = launch(demos.hello, 3, start=start)
     assert [r["rank"] for r in results] == [0, 1, 2]
     assert {r["world_size"] for r in results} == {3}
     assert results[0]["backend"] == choose_backend(3)
@@ -41,7 +41,7 @@ def test_returns_values_in_rank_order_and_echoes_rank_by_rank(capsys, start):
 
 
 def test_all_reduce_reaches_every_rank():
-    assert launch(ddp_demos.all_reduce_sum, 4, echo=False) == [[10.0]] * 4
+    assert launch(demos.all_reduce_sum, 4, echo=False) == [[10.0]] * 4
 
 
 def _frozen_and_collectable(rank, world_size):
@@ -62,7 +62,7 @@ def test_a_rank_freezes_its_imports_so_the_collect_before_destroy_is_cheap(start
 def test_a_raising_rank_raises_here_with_its_traceback(start):
     began = time.monotonic()
     with pytest.raises(RankError) as info:
-        launch(ddp_demos.raise_on_rank, 3, 2, "rank two is unhappy", start=start)
+        launch(demos.raise_on_rank, 3, 2, "rank two is unhappy", start=start)
     assert time.monotonic() - began < 30
     err = info.value
     assert (err.rank, err.exc_type, err.message) == (2, "ValueError", "rank two is unhappy")
@@ -82,7 +82,7 @@ def test_a_hanging_rank_is_stopped_at_the_timeout_and_says_where_it_waits(start)
     began = time.monotonic()
     stuck = rf"did not finish within {timeout_s} s: rank\(s\) \[0, 1\]"
     with pytest.raises(LaunchTimeout, match=stuck) as info:
-        launch(ddp_demos.block_in_collective, 2, 1, timeout_s=timeout_s, start=start)
+        launch(demos.block_in_collective, 2, 1, timeout_s=timeout_s, start=start)
     assert time.monotonic() - began < timeout_s + 15
     message, stacks = str(info.value), info.value.stacks
     # rank 0 waits in the all_reduce that rank 1, asleep, never joins: each stack says so
@@ -95,7 +95,7 @@ def test_a_hanging_rank_is_stopped_at_the_timeout_and_says_where_it_waits(start)
 
 def test_stacks_can_be_left_out_of_a_timeout():
     with pytest.raises(LaunchTimeout) as info:
-        launch(ddp_demos.block_in_collective, 2, 1, timeout_s=2, stacks=False)
+        launch(demos.block_in_collective, 2, 1, timeout_s=2, stacks=False)
     assert info.value.stacks == {} and "where rank" not in str(info.value)
 
 
@@ -103,13 +103,13 @@ def test_repeated_launches_leave_no_port_or_process_group_behind():
     import torch.distributed as dist
 
     for _ in range(4):
-        assert launch(ddp_demos.all_reduce_sum, 2, echo=False) == [[3.0], [3.0]]
+        assert launch(demos.all_reduce_sum, 2, echo=False) == [[3.0], [3.0]]
     assert not dist.is_initialized()
 
 
 @pytest.mark.parametrize("init", ["env", "tcp"])
 def test_env_and_tcp_rendezvous(init):
-    assert [r["rank"] for r in launch(ddp_demos.hello, 2, init=init, echo=False)] == [0, 1]
+    assert [r["rank"] for r in launch(demos.hello, 2, init=init, echo=False)] == [0, 1]
 
 
 def local_function(rank, world_size):
@@ -149,7 +149,7 @@ def test_bad_launch_arguments(kwargs, error, message):
     args = {"world_size": 2, **kwargs}
     world_size = args.pop("world_size")
     with pytest.raises(error, match=message):
-        launch(ddp_demos.hello, world_size, **args)
+        launch(demos.hello, world_size, **args)
 
 
 def report_environment(rank, world_size, name):
@@ -165,7 +165,7 @@ def report_environment(rank, world_size, name):
 def test_forked_ranks_take_the_current_environment_and_log_both_streams(monkeypatch, capsys):
     # the fork server was started earlier, with the environment of that moment; a rank must
     # still see the variables as they are now, at the launch
-    launch(ddp_demos.hello, 2, echo=False, start="forkserver")
+    launch(demos.hello, 2, echo=False, start="forkserver")
     monkeypatch.setenv("COURSE_PROBE", "set after the server started")
     results = launch(report_environment, 2, "COURSE_PROBE", start="forkserver")
     assert [r["value"] for r in results] == ["set after the server started"] * 2
@@ -261,10 +261,10 @@ def run_python(*args, cwd=None):
 
 def test_a_script_without_a_main_guard_runs_once(tmp_path):
     script = tmp_path / "no_guard.py"
-    script.write_text("from course_utils import ddp_demos\n"
+    script.write_text("from course_utils.ddp import demos\n"
                       "from course_utils.distributed import launch\n"
                       "print('the script body ran')\n"
-                      "print(launch(ddp_demos.all_reduce_sum, 2, echo=False))\n")
+                      "print(launch(demos.all_reduce_sum, 2, echo=False))\n")
     assert run_python(str(script), cwd=tmp_path) == ["the script body ran", "[[3.0], [3.0]]"]
 
 
@@ -273,9 +273,9 @@ def test_a_fork_server_started_by_someone_else_works_and_ends_with_its_parent():
             "multiprocessing.set_forkserver_preload([])\n"
             "p = multiprocessing.get_context('forkserver').Process(target=os.getpid)\n"
             "p.start(); p.join()\n"
-            "from course_utils import ddp_demos\n"
+            "from course_utils.ddp import demos\n"
             "from course_utils.distributed import launch\n"
-            "print(launch(ddp_demos.all_reduce_sum, 2, echo=False, start='forkserver'))\n"
+            "print(launch(demos.all_reduce_sum, 2, echo=False, start='forkserver'))\n"
             "print(*[c.pid for c in psutil.Process().children(recursive=True)])\n")
     result, helpers = run_python("-c", code)
     assert result == "[[3.0], [3.0]]"
@@ -289,7 +289,7 @@ def test_a_fork_server_started_by_someone_else_works_and_ends_with_its_parent():
 
 def test_unpicklable_arguments_and_results():
     with pytest.raises(TypeError, match=r"args\[1\] is a _thread.lock, which cannot be pickled"):
-        launch(ddp_demos.raise_on_rank, 2, 0, threading.Lock())
+        launch(demos.raise_on_rank, 2, 0, threading.Lock())
     with pytest.raises(RankError, match=r"the return value of rank \d \(a _thread.lock\) cannot be "
                                         r"sent back \(it must be picklable\)"):
         launch(unpicklable_result, 2)
@@ -353,7 +353,7 @@ def test_ddp_equals_one_process_with_the_global_batch(world_size):
 def test_torchrun_path_equals_launch_path(tmp_path):
     config = TrainConfig(epochs=1)
     out = tmp_path / "params.pt"
-    job = torchrun("course_utils.ddp_train", 2, "--out", str(out), "--epochs", "1")
+    job = torchrun("course_utils.ddp.train", 2, "--out", str(out), "--epochs", "1")
     assert job.returncode == 0, "\n".join(job.lines + job.log_lines)
     assert any("parameters saved" in line for line in job.lines)
     saved = torch.load(out)
@@ -375,15 +375,15 @@ def test_train_config_checks():
 
 def test_find_unused_parameters_error_then_fix():
     with pytest.raises(RankError, match="Expected to have finished reduction in the prior iteration"):
-        launch(ddp_demos.unused_parameters, 2, False, echo=False)
-    losses = launch(ddp_demos.unused_parameters, 2, True, echo=False)
+        launch(demos.unused_parameters, 2, False, echo=False)
+    losses = launch(demos.unused_parameters, 2, True, echo=False)
     assert len(losses[0]) == 3
 
 
 def test_batchnorm_differs_and_sync_batchnorm_by_hand_matches():
-    reference = ddp_demos.batchnorm_reference(2)
-    plain = launch(ddp_demos.batchnorm_under_ddp, 2, False, echo=False)
-    synced = launch(ddp_demos.batchnorm_under_ddp, 2, True, echo=False)
+    reference = demos.batchnorm_reference(2)
+    plain = launch(demos.batchnorm_under_ddp, 2, False, echo=False)
+    synced = launch(demos.batchnorm_under_ddp, 2, True, echo=False)
     plain_out = torch.cat([r["output"] for r in plain])
     synced_out = torch.cat([r["output"] for r in synced])
     assert (plain_out - reference["output"]).abs().max() > 1e-2
@@ -394,7 +394,7 @@ def test_batchnorm_differs_and_sync_batchnorm_by_hand_matches():
 
 def test_rank_zero_saves_and_everyone_reads(tmp_path):
     path = str(tmp_path / "ckpt.pt")
-    results = launch(ddp_demos.save_on_rank_0, 2, path, echo=False)
+    results = launch(demos.save_on_rank_0, 2, path, echo=False)
     assert all(r["matches_my_copy"] for r in results)
     assert results[0]["wrapped_keys"] == ["module.weight", "module.bias"]
     assert results[0]["saved_keys"] == ["weight", "bias"]

@@ -68,11 +68,11 @@ def test_plan_follows_the_hardware():
 def test_the_plan_says_what_the_launchers_decide(gpus, nccl, monkeypatch):
     """Notebook 00's plan agrees with the decisions the code makes on 0, 1 and 2+ GPUs."""
     from course_utils import devices
-    from course_utils.strategy_harness import STRATEGIES, strategy_placement
+    from course_utils.sharding.strategies import STRATEGIES, strategy_placement
 
     monkeypatch.delenv(devices.BACKEND_VARIABLE, raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    from course_utils import hangs
+    from course_utils.debugging import hangs
 
     plan = topics(env.course_plan(gpus, nccl=nccl, gloo=True))
     two_rank_backend = devices.choose_backend(2, gpus=gpus, nccl_available=nccl)
@@ -141,7 +141,7 @@ def test_pick_device_rejects_bad_index(bad, error):
 def test_importing_the_package_does_not_initialise_cuda():
     import subprocess
 
-    code = ("import course_utils, course_utils.env, course_utils.splits, course_utils.models, "
+    code = ("import course_utils, course_utils.env, course_utils.dataparallel.splits, course_utils.models, "
             "course_utils.data, torch; print(torch.cuda.is_initialized())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

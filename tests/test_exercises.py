@@ -12,7 +12,7 @@ import pytest
 
 from course_utils.exercises import Exercise, bank, check, core, find, load_bank, progress, run_source, verdict
 from course_utils.exercises import time_limit as limits
-from course_utils.exercises.edition import BANNER, answer_key, build
+from course_utils.tools.solutions import BANNER, answer_key, build
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = {p.name[:2]: p for p in sorted((ROOT / "notebooks").glob("*.ipynb"))}

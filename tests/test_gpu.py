@@ -20,19 +20,19 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils import ddp_demos
-from course_utils.amp import autocast, grad_scaler, output_dtypes
-from course_utils.by_hand import DataParallelByHand, data_parallel
-from course_utils.collectives import check_ring_all_reduce
-from course_utils.ddp_train import TrainConfig, train_ddp, train_reference
+from course_utils.dataparallel.by_hand import DataParallelByHand, data_parallel
+from course_utils.dataparallel.evidence import compare_training
+from course_utils.dataparallel.memory import ModelSpec, cuda_peak_bytes, ledger
+from course_utils.dataparallel.parallel_criterion import DataParallelCriterion, DataParallelModel
+from course_utils.dataparallel.simulated import course_devices
+from course_utils.ddp import demos
+from course_utils.ddp.amp import autocast, grad_scaler, output_dtypes
+from course_utils.ddp.collectives import check_ring_all_reduce
+from course_utils.ddp.train import TrainConfig, train_ddp, train_reference
 from course_utils.devices import choose_backend
 from course_utils.distributed import launch
-from course_utils.dp_evidence import compare_training
-from course_utils.memory import ModelSpec, cuda_peak_bytes, ledger
+from course_utils.faults.torchrun import torchrun
 from course_utils.models import SmallCNN
-from course_utils.parallel_criterion import DataParallelCriterion, DataParallelModel
-from course_utils.simulated import course_devices
-from course_utils.torchrun import torchrun
 
 #: NVML's count: it does not initialise CUDA, so collecting this file leaves forking safe.
 GPUS = torch.cuda.device_count()
@@ -288,20 +288,20 @@ def on_gloo(fn, *args):
 
 #: name: (demo, its arguments ("PATH" is a fresh file), what it must return, the tolerance)
 DEMOS = {
-    "hello": (ddp_demos.hello, (), lambda: {"rank": 0, "world_size": 1, "backend": "nccl",
+    "hello": (demos.hello, (), lambda: {"rank": 0, "world_size": 1, "backend": "nccl",
                                             "device": "cuda:0"}, FP32),
-    "all_reduce_sum": (ddp_demos.all_reduce_sum, (), lambda: [1.0], FP32),
-    "ddp_buckets": (ddp_demos.ddp_buckets, (0.25,), on_gloo(ddp_demos.ddp_buckets, 0.25), FP32),
-    "save_on_rank_0": (ddp_demos.save_on_rank_0, ("PATH",), lambda: {
+    "all_reduce_sum": (demos.all_reduce_sum, (), lambda: [1.0], FP32),
+    "ddp_buckets": (demos.ddp_buckets, (0.25,), on_gloo(demos.ddp_buckets, 0.25), FP32),
+    "save_on_rank_0": (demos.save_on_rank_0, ("PATH",), lambda: {
         "wrapped_keys": ["module.weight", "module.bias"], "saved_keys": ["weight", "bias"],
         "matches_my_copy": True}, FP32),
     # its losses are rounded to 4 decimals: a difference of 1e-7 can move the last one
-    "unused_parameters": (ddp_demos.unused_parameters, (True,),
-                          on_gloo(ddp_demos.unused_parameters, True), {"rtol": 0, "atol": 2e-4}),
-    "batchnorm_under_ddp": (ddp_demos.batchnorm_under_ddp, (False,),
-                            lambda: ddp_demos.batchnorm_reference(1), FP32),
-    "sync_batchnorm_under_ddp": (ddp_demos.batchnorm_under_ddp, (True,),
-                                 lambda: ddp_demos.batchnorm_reference(1), FP32),
+    "unused_parameters": (demos.unused_parameters, (True,),
+                          on_gloo(demos.unused_parameters, True), {"rtol": 0, "atol": 2e-4}),
+    "batchnorm_under_ddp": (demos.batchnorm_under_ddp, (False,),
+                            lambda: demos.batchnorm_reference(1), FP32),
+    "sync_batchnorm_under_ddp": (demos.batchnorm_under_ddp, (True,),
+                                 lambda: demos.batchnorm_reference(1), FP32),
     "check_ring_all_reduce": (check_ring_all_reduce, ([1, 1000],), lambda: [
         {"size": size, "max_diff": 0.0, "bytes_sent": 0, "formula": 0.0} for size in (1, 1000)], FP32),
 }
@@ -309,7 +309,7 @@ DEMOS = {
 
 @pytest.mark.parametrize("name", [pytest.param(d, marks=needs_gpus(1)) for d in DEMOS])
 def test_ddp_demos_under_nccl(name, tmp_path):
-    """One GPU hosts one NCCL rank: every demo of ddp_demos that makes sense on one rank runs
+    """One GPU hosts one NCCL rank: every demo of ddp.demos that makes sense on one rank runs
     there and returns what it returns on the CPU."""
     assert choose_backend(1) == "nccl"
     fn, args, expected, tolerance = DEMOS[name]
@@ -337,11 +337,11 @@ def test_torchrun_restart_under_nccl_resumes_bitwise(n, tmp_path):
     same kernels, same order), as tests/test_restarts.py asserts on the CPU."""
     job_args = ("--epochs", "3", "--momentum", "0.9")  # 12 steps of one rank x 24 rows
     env = {"LOGLEVEL": "INFO", "NCCL_DEBUG": "VERSION"}  # the agent's decisions; NCCL's version
-    plain = torchrun("course_utils.ddp_train", n, "--out", tmp_path / "plain.pt", *job_args,
+    plain = torchrun("course_utils.ddp.train", n, "--out", tmp_path / "plain.pt", *job_args,
                      timeout_s=300, env=env)
     assert plain.returncode == 0, "\n".join(plain.lines + plain.log_lines[-30:])
     snapshot, out = tmp_path / "snapshot.pt", tmp_path / "params.pt"
-    job = torchrun("course_utils.ddp_train", n, "--out", out, "--snapshot", snapshot,
+    job = torchrun("course_utils.ddp.train", n, "--out", out, "--snapshot", snapshot,
                    "--snapshot-every", "2", "--kill-rank", "0", "--kill-at-step", "3", *job_args,
                    timeout_s=300, env=env,
                    launcher_args=("--standalone", "--max-restarts=1", "--monitor-interval=0.2"))

@@ -34,7 +34,7 @@ BRANCHES = {
     "parallel criterion vs one GPU": "test_parallel_criterion_equals_one_device",
     "memory.cuda_peak_bytes vs the ledger": "test_cuda_peak_bytes_agree_with_the_ledger",
     "fp16 autocast with GradScaler('cuda')": "test_fp16_autocast_with_grad_scaler",
-    "launch with NCCL: the ddp_demos": "test_ddp_demos_under_nccl",
+    "launch with NCCL: the ddp.demos": "test_ddp_demos_under_nccl",
     "launch with NCCL: train_ddp": "test_train_ddp_under_nccl_equals_the_cpu_reference",
     "torchrun with NCCL and a restart": "test_torchrun_restart_under_nccl_resumes_bitwise",
 }

@@ -210,13 +210,13 @@ def test_local_functions_closures_and_lambdas_run_by_value(world_size):
 def test_importable_functions_travel_by_reference_and_the_rest_by_value():
     import pickle
 
-    from course_utils import ddp_demos
+    from course_utils.ddp import demos
 
     def local(rank, world_size):
         return rank
 
-    assert pickle.loads(serialise_call(ddp_demos.hello, ()))[0] is ddp_demos.hello
-    assert len(serialise_call(ddp_demos.hello, ())) < 120  # a name, not code
+    assert pickle.loads(serialise_call(demos.hello, ()))[0] is demos.hello
+    assert len(serialise_call(demos.hello, ())) < 120  # a name, not code
     copy = pickle.loads(serialise_call(local, ()))[0]
     assert copy is not local and copy(3, 4) == 3
 

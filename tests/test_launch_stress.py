@@ -16,7 +16,7 @@ from conftest import rank_processes
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_utils.ddp_train import TrainConfig, train_ddp
+from course_utils.ddp.train import TrainConfig, train_ddp
 from course_utils.distributed import free_port, launch
 
 pytestmark = pytest.mark.stress

@@ -3,10 +3,17 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils.by_hand import data_parallel
-from course_utils.memory import CATEGORIES, Ledger, ModelSpec, ledger, plot_ledgers, saved_tensor_bytes
+from course_utils.dataparallel.by_hand import data_parallel
+from course_utils.dataparallel.memory import (
+    CATEGORIES,
+    Ledger,
+    ModelSpec,
+    ledger,
+    plot_ledgers,
+    saved_tensor_bytes,
+)
+from course_utils.dataparallel.simulated import record_memory, sim_devices
 from course_utils.models import BertLike
-from course_utils.simulated import record_memory, sim_devices
 
 matplotlib.use("Agg")
 LINEAR = ModelSpec.linear(5, 2)  # 12 parameters = 48 bytes in fp32

@@ -1,13 +1,15 @@
 """Notebook 09's mesh section: a 2-D DeviceMesh, HSDP equal to DDP and one process on 4 ranks, the
-bytes each rank sends counted by link against ``sharding.link_bytes_per_step``, and the ledger's
+bytes each rank sends counted by link against ``ledgers.link_bytes_per_step``, and the ledger's
 HSDP row against the bytes each rank holds."""
 
 import pytest
 import torch
 
-from course_utils import mesh_runs, sharded_runs, sharding
+from course_utils.dataparallel.memory import ModelSpec
 from course_utils.distributed import launch
-from course_utils.memory import ModelSpec
+from course_utils.sharding import ledgers
+from course_utils.sharding import mesh as mesh_runs
+from course_utils.sharding import runs as sharded_runs
 
 RUNS = ("ddp", "fsdp", "hsdp")
 
@@ -50,7 +52,7 @@ def test_the_bytes_counted_on_each_link_are_the_formula_s(runs):
     assert psi == 1732  # every layer's rows divide by 4: FSDP pads nothing
     for out in results:
         for run in RUNS:
-            formula = sharding.link_bytes_per_step(psi, nodes, 4 // nodes, run)
+            formula = ledgers.link_bytes_per_step(psi, nodes, 4 // nodes, run)
             counted = {link: sum(kinds.values()) for link, kinds in out[run]["sent"].items()}
             assert counted == formula, (run, counted, formula)
     if nodes == 2:  # the notebook's table
@@ -68,9 +70,9 @@ def test_the_ledger_s_hsdp_row_is_what_each_rank_holds(runs):
     shapes = results[0]["shapes"]
     numels = [torch.Size(s).numel() for s in shapes]
     for rank, out in enumerate(results):
-        assert out["ddp"]["held"] == sharding.sharded_bytes(numels, 4, "ddp")
-        assert out["fsdp"]["held"] == sharding.sharded_bytes((), 4, "fsdp", rank=rank, shapes=shapes)
-        held = sharding.sharded_bytes((), gpus, "hsdp", rank=rank % gpus, shapes=shapes)
+        assert out["ddp"]["held"] == ledgers.sharded_bytes(numels, 4, "ddp")
+        assert out["fsdp"]["held"] == ledgers.sharded_bytes((), 4, "fsdp", rank=rank, shapes=shapes)
+        held = ledgers.sharded_bytes((), gpus, "hsdp", rank=rank % gpus, shapes=shapes)
         assert out["hsdp"]["held"] == held
     assert sum(results[0]["hsdp"]["held"].values()) == 16 * 1732 // gpus
 
@@ -78,11 +80,11 @@ def test_the_ledger_s_hsdp_row_is_what_each_rank_holds(runs):
 @pytest.mark.parametrize(("nodes", "gpus"), [(2, 8), (4, 8), (16, 8), (3, 4)])
 def test_link_bytes_per_step(nodes, gpus):
     psi = 10**9
-    ddp, fsdp, hsdp = (sharding.link_bytes_per_step(psi, nodes, gpus, s) for s in RUNS)
+    ddp, fsdp, hsdp = (ledgers.link_bytes_per_step(psi, nodes, gpus, s) for s in RUNS)
     world = nodes * gpus
-    assert ddp == {"inside node": 0.0, "between nodes": sharding.comm_bytes_per_step(psi, world, "ddp")}
-    assert fsdp == {"inside node": 0.0, "between nodes": sharding.comm_bytes_per_step(psi, world, "fsdp")}
-    assert hsdp["inside node"] == sharding.comm_bytes_per_step(psi, gpus, "fsdp")
+    assert ddp == {"inside node": 0.0, "between nodes": ledgers.comm_bytes_per_step(psi, world, "ddp")}
+    assert fsdp == {"inside node": 0.0, "between nodes": ledgers.comm_bytes_per_step(psi, world, "fsdp")}
+    assert hsdp["inside node"] == ledgers.comm_bytes_per_step(psi, gpus, "fsdp")
     assert hsdp["between nodes"] == pytest.approx(2 * 4 * psi / gpus * (nodes - 1) / nodes, rel=1e-12)
     # least on the slow link: HSDP, by a factor of more than G against DDP, more still against FSDP
     assert hsdp["between nodes"] * gpus < ddp["between nodes"] < fsdp["between nodes"]
@@ -90,25 +92,25 @@ def test_link_bytes_per_step(nodes, gpus):
 
 def test_link_bytes_per_step_refuses_bad_input():
     with pytest.raises(ValueError, match="strategy"):
-        sharding.link_bytes_per_step(10, 2, 2, "zero1")
+        ledgers.link_bytes_per_step(10, 2, 2, "zero1")
     with pytest.raises(ValueError, match="nodes"):
-        sharding.link_bytes_per_step(10, 0, 2, "hsdp")
+        ledgers.link_bytes_per_step(10, 0, 2, "hsdp")
     with pytest.raises(TypeError):
-        sharding.link_bytes_per_step(10, 2, 2.5, "hsdp")
+        ledgers.link_bytes_per_step(10, 2, 2.5, "hsdp")
     with pytest.raises(ValueError, match="numel"):
-        sharding.link_bytes_per_step(-1, 2, 2, "hsdp")
+        ledgers.link_bytes_per_step(-1, 2, 2, "hsdp")
 
 
 def test_hsdp_ledger_shards_over_one_node():
     spec = ModelSpec.bert_like()
     state = ("parameters", "gradients", "optimizer state")
-    hsdp = sharding.sharded_ledger(spec, "hsdp", batch_size=64, num_devices=16, gpus_per_node=8)
-    fsdp8 = sharding.sharded_ledger(spec, "fsdp", batch_size=64, num_devices=8)
-    fsdp16 = sharding.sharded_ledger(spec, "fsdp", batch_size=64, num_devices=16)
+    hsdp = ledgers.sharded_ledger(spec, "hsdp", batch_size=64, num_devices=16, gpus_per_node=8)
+    fsdp8 = ledgers.sharded_ledger(spec, "fsdp", batch_size=64, num_devices=8)
+    fsdp16 = ledgers.sharded_ledger(spec, "fsdp", batch_size=64, num_devices=16)
     assert hsdp.label == "HSDP"
     assert [hsdp.rows[0][c] for c in state] == [fsdp8.rows[0][c] for c in state]
     assert hsdp.rows[0]["activations"] == fsdp16.rows[0]["activations"]  # the batch splits 16 ways
     with pytest.raises(ValueError, match="divide"):
-        sharding.sharded_ledger(spec, "hsdp", batch_size=64, num_devices=16, gpus_per_node=3)
+        ledgers.sharded_ledger(spec, "hsdp", batch_size=64, num_devices=16, gpus_per_node=3)
     with pytest.raises(TypeError):
-        sharding.sharded_ledger(spec, "hsdp", batch_size=64, num_devices=16)
+        ledgers.sharded_ledger(spec, "hsdp", batch_size=64, num_devices=16)

@@ -6,15 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils import sharding
+from course_utils.dataparallel.memory import ModelSpec
 from course_utils.exercises import nb10
-from course_utils.memory import ModelSpec
+from course_utils.sharding import ledgers
 
 STATE = ("parameters", "gradients", "optimizer state")
 
 
 def model_state(spec, strategy, accounting, n):
-    led = sharding.sharded_ledger(spec, strategy, batch_size=8, num_devices=n, mixed_precision=accounting)
+    led = ledgers.sharded_ledger(spec, strategy, batch_size=8, num_devices=n, mixed_precision=accounting)
     return sum(led.rows[0][c] for c in STATE)
 
 
@@ -30,7 +30,7 @@ def test_autocast_keeps_parameters_gradients_and_adamw_state_in_fp32():
     held = [t for p in model.parameters() for t in (p, p.grad, *optimizer.state[p].values())
             if t.dim() > 0]  # AdamW's step counter is a scalar
     assert len(held) == 4 * 4 and {t.dtype for t in held} == {torch.float32}  # ...and all stays fp32
-    assert sharding.BYTES_PER_PARAMETER["autocast"] == (4, 4, 8)
+    assert ledgers.BYTES_PER_PARAMETER["autocast"] == (4, 4, 8)
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
@@ -59,12 +59,12 @@ def test_bert_zero1_on_four_ranks_is_10_bytes_per_parameter_not_7():
 
 def test_a_bad_accounting_is_refused():
     with pytest.raises(ValueError, match="mixed_precision"):
-        sharding.sharded_ledger(ModelSpec.linear(3, 1), "ddp", batch_size=2, num_devices=2,
+        ledgers.sharded_ledger(ModelSpec.linear(3, 1), "ddp", batch_size=2, num_devices=2,
                                 mixed_precision="fp16")
 
 
 def test_exercise_09_3_is_judged_by_the_autocast_accounting():
-    p, g, k = sharding.BYTES_PER_PARAMETER["autocast"]
+    p, g, k = ledgers.BYTES_PER_PARAMETER["autocast"]
     for psi, n in ((1e9, 8), (7e9, 4), (3e9, 64)):
         assert nb10._STATE["ddp"](psi, n) == (p + g + k) * psi
         assert nb10._STATE["zero2"](psi, n) == p * psi + (g + k) * psi / n

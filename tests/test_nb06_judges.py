@@ -11,6 +11,7 @@ import torch
 
 from course_utils.distributed import launch
 from course_utils.exercises import nb06
+from course_utils.exercises.all_reduces import all_reduces_watched
 
 
 def _waits(rank, world_size):
@@ -20,7 +21,7 @@ def _waits(rank, world_size):
     def started():
         return dist.all_reduce(torch.ones(4), async_op=True)
 
-    with nb06.all_reduces_watched() as reduced:
+    with all_reduces_watched() as reduced:
         dist.all_reduce(torch.ones(4))  # blocking: waits inside the call
         started().wait()
         started().get_future().wait()
@@ -63,8 +64,8 @@ def test_06_3_answers_anything_else_with_a_hint(answer):
 
 def test_06_3_asks_a_cap_whose_mistakes_all_differ():
     """The right count and the counts of the usual mistakes are six different numbers."""
-    from course_utils.ddp_by_hand import assign_buckets
-    from course_utils.ddp_by_hand_runs import comm_heavy_model
+    from course_utils.ddp.by_hand import assign_buckets
+    from course_utils.ddp.by_hand_timing import comm_heavy_model
 
     params = list(comm_heavy_model(nb06.BUCKET_WIDTH).parameters())
     cap = nb06.BUCKET_CAP_MB * 2**20

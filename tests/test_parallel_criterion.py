@@ -2,8 +2,8 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils.parallel_criterion import DataParallelCriterion, DataParallelModel
-from course_utils.simulated import sim_devices
+from course_utils.dataparallel.parallel_criterion import DataParallelCriterion, DataParallelModel
+from course_utils.dataparallel.simulated import sim_devices
 
 
 def run_both(make_model, x, t, criterion, n, reduction=None):

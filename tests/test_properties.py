@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from course_utils.by_hand import gather, scatter
-from course_utils.memory import CATEGORIES, STRATEGIES, ModelSpec, ledger
-from course_utils.simulated import sim_devices
-from course_utils.snapshots import load_snapshot, save_snapshot
-from course_utils.splits import epoch_splits, split_sizes
+from course_utils.dataparallel.by_hand import gather, scatter
+from course_utils.dataparallel.memory import CATEGORIES, STRATEGIES, ModelSpec, ledger
+from course_utils.dataparallel.simulated import sim_devices
+from course_utils.dataparallel.splits import epoch_splits, split_sizes
+from course_utils.faults.snapshots import load_snapshot, save_snapshot
 
 settings.register_profile("course", derandomize=True, database=None, max_examples=60, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -9,20 +9,20 @@ import pytest
 import torch
 from test_restarts import JOB, RESTARTS, processes_mentioning
 
-from course_utils.torchrun import torchrun
+from course_utils.faults.torchrun import torchrun
 
 pytestmark = pytest.mark.stress
 
 
 def test_ten_restarts_in_a_row(tmp_path):
-    reference = torchrun("course_utils.ddp_train", 2, "--out", tmp_path / "reference.pt", *JOB)
+    reference = torchrun("course_utils.ddp.train", 2, "--out", tmp_path / "reference.pt", *JOB)
     assert reference.returncode == 0, reference.lines + reference.log_lines
     expected = torch.load(tmp_path / "reference.pt")
     for run in range(10):
         kill_rank, kill_at_step = run % 2, [1, 2, 4, 5, 8, 9, 10, 3, 6, 11][run]
         folder = tmp_path / f"run{run}"
         folder.mkdir()
-        job = torchrun("course_utils.ddp_train", 2, "--out", folder / "p.pt",
+        job = torchrun("course_utils.ddp.train", 2, "--out", folder / "p.pt",
                        "--snapshot", folder / "s.pt", "--snapshot-every", "2",
                        "--kill-rank", kill_rank, "--kill-at-step", kill_at_step, *JOB,
                        launcher_args=RESTARTS, env={"LOGLEVEL": "INFO"}, timeout_s=120)

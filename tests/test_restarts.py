@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from course_utils.distributed import LaunchTimeout
-from course_utils.torchrun import TorchrunResult, is_log_line, torchrun, torchrun_nodes
+from course_utils.faults.torchrun import TorchrunResult, is_log_line, torchrun, torchrun_nodes
 
 JOB = ["--epochs", "3", "--momentum", "0.9"]  # 12 steps of 2 ranks x 12 rows
 RESTARTS = ("--standalone", "--max-restarts=2", "--monitor-interval=0.2")
@@ -31,7 +31,7 @@ def processes_mentioning(text):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("reference") / "params.pt"
-    job = torchrun("course_utils.ddp_train", 2, "--out", out, *JOB)
+    job = torchrun("course_utils.ddp.train", 2, "--out", out, *JOB)
     assert job.returncode == 0, job.lines + job.log_lines
     return {"params": torch.load(out), "lines": job.lines}
 
@@ -40,7 +40,7 @@ def reference(tmp_path_factory):
 @pytest.mark.parametrize(("kill_rank", "kill_at_step"), [(1, 0), (0, 3), (1, 6), (0, 7), (1, 11)])
 def test_a_killed_rank_is_restarted_and_resumes_bitwise(tmp_path, reference, kill_rank, kill_at_step):
     snapshot, out = tmp_path / "snapshot.pt", tmp_path / "params.pt"
-    job = torchrun("course_utils.ddp_train", 2, "--out", out, "--snapshot", snapshot,
+    job = torchrun("course_utils.ddp.train", 2, "--out", out, "--snapshot", snapshot,
                    "--snapshot-every", "2", "--kill-rank", kill_rank,
                    "--kill-at-step", kill_at_step, *JOB,
                    launcher_args=RESTARTS, env={"LOGLEVEL": "INFO"})
@@ -66,7 +66,7 @@ def test_a_killed_rank_is_restarted_and_resumes_bitwise(tmp_path, reference, kil
 
 @pytest.mark.stress
 def test_without_restarts_the_job_fails_and_leaves_nothing(tmp_path):
-    job = torchrun("course_utils.ddp_train", 2, "--out", tmp_path / "p.pt", "--kill-rank", "1",
+    job = torchrun("course_utils.ddp.train", 2, "--out", tmp_path / "p.pt", "--kill-rank", "1",
                    "--kill-at-step", "2", *JOB,
                    launcher_args=("--standalone", "--max-restarts=0", "--monitor-interval=0.2"),
                    env={"LOGLEVEL": "INFO"})
@@ -80,14 +80,14 @@ def test_without_restarts_the_job_fails_and_leaves_nothing(tmp_path):
 def test_a_torchrun_timeout_kills_the_workers_too(tmp_path):
     """torchrun starts each worker in a session of its own; the timeout must reach them."""
     with pytest.raises(LaunchTimeout, match="torchrun did not finish within 4 s"):
-        torchrun("course_utils.ddp_train", 2, "--out", tmp_path / "p.pt", "--epochs", "100000",
+        torchrun("course_utils.ddp.train", 2, "--out", tmp_path / "p.pt", "--epochs", "100000",
                  timeout_s=4)
     assert processes_mentioning(str(tmp_path)) == []
 
 
 @pytest.mark.stress  # notebook 08 asserts the same under nbval in `make test`
 def test_two_agents_as_two_nodes_equal_one_agent(tmp_path, reference):
-    agents = torchrun_nodes("course_utils.ddp_train", 2, 1, "--out", tmp_path / "p.pt", *JOB)
+    agents = torchrun_nodes("course_utils.ddp.train", 2, 1, "--out", tmp_path / "p.pt", *JOB)
     assert [a.returncode for a in agents] == [0, 0]
     assert all("--nnodes=2" in a.command and "--rdzv-backend=c10d" in a.command for a in agents)
     printed = [line for agent in agents for line in agent.lines]
@@ -107,7 +107,7 @@ def test_two_nodes_restart_and_resume_bitwise(tmp_path, reference, kill_rank, ki
     prefix, 5 of 9 such runs hung (1 of 3 with torchrun's shared store, 4 of 6 with fresh
     stores); without it, 16 of 16 passed."""
     snapshot, out = tmp_path / "snapshot.pt", tmp_path / "params.pt"
-    agents = torchrun_nodes("course_utils.ddp_train", 2, 1, "--out", out, "--snapshot", snapshot,
+    agents = torchrun_nodes("course_utils.ddp.train", 2, 1, "--out", out, "--snapshot", snapshot,
                             "--snapshot-every", "2", "--kill-rank", kill_rank,
                             "--kill-at-step", kill_at_step, *JOB, timeout_s=90,
                             launcher_args=("--max-restarts=2", "--monitor-interval=0.2"),

@@ -3,20 +3,20 @@
 import pytest
 import torch
 
-from course_utils import sharded_runs, sharding
+from course_utils.dataparallel.memory import ModelSpec, ledger
 from course_utils.distributed import launch
-from course_utils.memory import ModelSpec, ledger
-from course_utils.zero import STAGES, CommLog, ZeroByHand, shard_numel
+from course_utils.sharding import ledgers, runs
+from course_utils.sharding.zero import STAGES, CommLog, ZeroByHand, shard_numel
 
 
 @pytest.fixture(scope="module")
 def single():
-    return sharded_runs.train_single()
+    return runs.train_single()
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_stage_equals_ddp_and_one_process(world_size, single):
-    results = launch(sharded_runs.zero_by_hand_rank, world_size, echo=False)
+    results = launch(runs.zero_by_hand_rank, world_size, echo=False)
     for rank, out in enumerate(results):
         assert list(out) == ["ddp", "zero0", "zero1", "zero2", "zero3"]
         for run in out.values():
@@ -28,10 +28,10 @@ def test_every_stage_equals_ddp_and_one_process(world_size, single):
             run = out[f"zero{stage}"]
             strategy = "ddp" if stage == 0 else f"zero{stage}"
             # the ledger's figures are the bytes of the tensors each rank holds
-            assert run["held"] == sharding.sharded_bytes(numels, world_size, strategy, rank=rank)
+            assert run["held"] == ledgers.sharded_bytes(numels, world_size, strategy, rank=rank)
             # and the bytes counted per step are the formula's, for the padded size
             psi = sum(numels) if stage == 0 else padded  # ZeRO pads each unit to a multiple of N
-            expected = sharding.comm_bytes_per_step(psi, world_size, strategy)
+            expected = ledgers.comm_bytes_per_step(psi, world_size, strategy)
             assert sum(run["sent"].values()) == (expected if stage else pytest.approx(expected, rel=1e-12))
         assert out["zero3"]["sent"]["all_gather"] == 2 * out["zero1"]["sent"]["all_gather"]
 
@@ -48,8 +48,8 @@ def _api_rank_with_peaks_seen(rank, world_size, *args):
         yield
         peaks[name] = len(blocks)
 
-    sharded_runs.cuda_peak = noting
-    return sharded_runs.api_rank(rank, world_size, *args), blocks
+    runs.cuda_peak = noting
+    return runs.api_rank(rank, world_size, *args), blocks
 
 
 def test_api_runs_equal_one_process_and_a_checkpoint_reshards_bitwise(tmp_path, single):
@@ -62,12 +62,12 @@ def test_api_runs_equal_one_process_and_a_checkpoint_reshards_bitwise(tmp_path, 
     for out in saved:
         # bytes per step, counted as the by-hand stages are: ZeroRedundancyOptimizer with DDP
         # all-reduces every gradient, then broadcasts every parameter: 1.5 times DDP's traffic
-        assert out["sent"]["zero_redundancy"] == {"all_reduce": sharding.comm_bytes_per_step(psi, 2, "ddp"),
+        assert out["sent"]["zero_redundancy"] == {"all_reduce": ledgers.comm_bytes_per_step(psi, 2, "ddp"),
                                                   "broadcast": 4 * psi / 2}
-        assert sum(out["sent"]["zero_redundancy"].values()) == sharding.comm_bytes_per_step(
-            psi, 2, "zero_redundancy") == 1.5 * sharding.comm_bytes_per_step(psi, 2, "zero1")
+        assert sum(out["sent"]["zero_redundancy"].values()) == ledgers.comm_bytes_per_step(
+            psi, 2, "zero_redundancy") == 1.5 * ledgers.comm_bytes_per_step(psi, 2, "zero1")
         assert out["sent"]["fsdp"] == {"reduce_scatter": 4 * psi / 2, "all_gather": 2 * 4 * psi / 2}
-        assert sum(out["sent"]["fsdp_kept"].values()) == sharding.comm_bytes_per_step(psi, 2, "zero2")
+        assert sum(out["sent"]["fsdp_kept"].values()) == ledgers.comm_bytes_per_step(psi, 2, "zero2")
         # bf16 compute: parameters gathered in bf16, gradients reduced in fp32, as the policy says
         assert out["bf16"]["all-gathered in"] == ["torch.bfloat16"]
         assert out["bf16"]["reduce-scattered in"] == ["torch.float32"]
@@ -78,7 +78,7 @@ def test_api_runs_equal_one_process_and_a_checkpoint_reshards_bitwise(tmp_path, 
         assert all(torch.equal(a, b) for a, b in zip(out["fsdp"], out["fsdp_kept"], strict=True))
         assert out["dtensor"]["type"] == "DTensor" and out["dtensor"]["placements"] == "(Shard(dim=0),)"
         assert out["dtensor"]["local"] == (16, 16) and out["dtensor"]["global"] == (32, 16)
-        assert out["fsdp_held"] == sharding.sharded_bytes((), 2, "fsdp", rank=rank, shapes=out["shapes"])
+        assert out["fsdp_held"] == ledgers.sharded_bytes((), 2, "fsdp", rank=rank, shapes=out["shapes"])
         assert out["bf16"]["output dtype"] == "torch.bfloat16"
         assert out["bf16"]["sharded dtype"] == "torch.float32"
     # clipping sees the norm of the whole gradient: the shards' squares summed over ranks
@@ -91,7 +91,7 @@ def test_api_runs_equal_one_process_and_a_checkpoint_reshards_bitwise(tmp_path, 
     psi = sum(p.numel() for p in single)
     states = [out["zero_redundancy_state"] for out in saved]
     assert sum(states) == 8 * psi and max(states) < 8 * psi
-    loaded = launch(sharded_runs.dcp_load_rank, 3, path, echo=False)
+    loaded = launch(runs.dcp_load_rank, 3, path, echo=False)
     for out in loaded:
         assert all(torch.equal(a, b) for a, b in zip(out["parameters"], saved[0]["fsdp"], strict=True))
     assert [out["local"][0] for out in loaded] == [(11, 16), (11, 16), (10, 16)]
@@ -105,40 +105,40 @@ def test_fsdp_local_numel_follows_torch_chunk():
             for shape in shapes:
                 chunks = torch.empty(shape).chunk(n)
                 expected += chunks[rank].numel() if rank < len(chunks) else 0
-            assert sharding.fsdp_local_numel(shapes, n, rank) == expected
-        assert sum(sharding.fsdp_local_numel(shapes, n, r) for r in range(n)) == 544 + 132 + 3
+            assert ledgers.fsdp_local_numel(shapes, n, rank) == expected
+        assert sum(ledgers.fsdp_local_numel(shapes, n, r) for r in range(n)) == 544 + 132 + 3
 
 
 def test_sharded_bytes_is_the_table():
     psi = 1000  # divisible by 4: no padding
     full = {"parameters": 4 * psi, "gradients": 4 * psi, "optimizer state": 8 * psi}
-    assert sharding.sharded_bytes([psi], 4, "ddp") == full
-    assert sharding.sharded_bytes([psi], 4, "zero1") == {**full, "optimizer state": 2 * psi}
-    assert sharding.sharded_bytes([psi], 4, "zero2") == {**full, "gradients": psi, "optimizer state": 2 * psi}
-    assert sharding.sharded_bytes([psi], 4, "zero3") == {"parameters": psi, "gradients": psi,
+    assert ledgers.sharded_bytes([psi], 4, "ddp") == full
+    assert ledgers.sharded_bytes([psi], 4, "zero1") == {**full, "optimizer state": 2 * psi}
+    assert ledgers.sharded_bytes([psi], 4, "zero2") == {**full, "gradients": psi, "optimizer state": 2 * psi}
+    assert ledgers.sharded_bytes([psi], 4, "zero3") == {"parameters": psi, "gradients": psi,
                                                          "optimizer state": 2 * psi}
-    assert sharding.sharded_bytes([5], 4, "zero3")["parameters"] == 8  # padded to 8: 2 each
+    assert ledgers.sharded_bytes([5], 4, "zero3")["parameters"] == 8  # padded to 8: 2 each
 
 
 def test_sharded_ledger_mixed_precision_is_the_zero_papers_2_2_k():
     spec = ModelSpec.linear(1023, 1)  # 1024 parameters
     base = ledger(spec, "ddp", batch_size=8, num_devices=8)
     for strategy, per_param in (("ddp", 16), ("zero1", 4 + 12 / 8), ("zero2", 2 + 14 / 8), ("zero3", 16 / 8)):
-        led = sharding.sharded_ledger(spec, strategy, batch_size=8, num_devices=8, mixed_precision=True)
+        led = ledgers.sharded_ledger(spec, strategy, batch_size=8, num_devices=8, mixed_precision=True)
         model_state = sum(led.rows[0][c] for c in ("parameters", "gradients", "optimizer state"))
         assert model_state == per_param * 1024
         assert led.rows[0]["activations"] == base.rows[0]["activations"]
         assert led.rows[0]["inputs"] == base.rows[0]["inputs"]
         assert led.label == {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}[strategy]
-    fp32 = sharding.sharded_ledger(spec, "ddp", batch_size=8, num_devices=8)
+    fp32 = ledgers.sharded_ledger(spec, "ddp", batch_size=8, num_devices=8)
     assert fp32.rows == base.rows  # fp32 DDP is notebook 04's ledger, buckets included
 
 
 def test_comm_formulas():
-    assert sharding.comm_bytes_per_step(100, 1, "ddp") == 0
-    assert sharding.comm_bytes_per_step(100, 4, "zero2") == 2 * 400 * 3 / 4
-    assert sharding.comm_bytes_per_step(100, 4, "zero3") == 3 * 400 * 3 / 4
-    assert sharding.comm_bytes_per_step(100, 4, "fsdp") == sharding.comm_bytes_per_step(100, 4, "zero3")
+    assert ledgers.comm_bytes_per_step(100, 1, "ddp") == 0
+    assert ledgers.comm_bytes_per_step(100, 4, "zero2") == 2 * 400 * 3 / 4
+    assert ledgers.comm_bytes_per_step(100, 4, "zero3") == 3 * 400 * 3 / 4
+    assert ledgers.comm_bytes_per_step(100, 4, "fsdp") == ledgers.comm_bytes_per_step(100, 4, "zero3")
 
 
 def test_zero_by_hand_needs_a_process_group():
@@ -160,12 +160,12 @@ def test_cuda_peak_measures_each_block_alone(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: allocator["peak"])
     peaks = {}
     cuda = torch.device("cuda", 0)
-    with sharded_runs.cuda_peak(cuda, peaks, "big"):
+    with runs.cuda_peak(cuda, peaks, "big"):
         allocate(1000)
-    with sharded_runs.cuda_peak(cuda, peaks, "small"):
+    with runs.cuda_peak(cuda, peaks, "small"):
         allocate(10)
     assert peaks == {"big": 1000, "small": 10}
-    with sharded_runs.cuda_peak(torch.device("cpu"), peaks, "cpu"):
+    with runs.cuda_peak(torch.device("cpu"), peaks, "cpu"):
         allocate(5)
     assert "cpu" not in peaks
 
@@ -184,7 +184,7 @@ def _logged_calls(rank, world_size):
     import torch.distributed as dist
 
     log, original = CommLog(), dist.all_reduce
-    with sharded_runs.logged_collectives(log):
+    with runs.logged_collectives(log):
         dist.all_reduce(torch.ones(4))  # 16 bytes
         dist.broadcast(torch.ones(2), 0)  # 8 bytes
         for old in (False, True):  # 2.13's names, then the deprecated ones (which call them)

@@ -13,12 +13,12 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils import fault_demos
-from course_utils.amp import grad_scaler
-from course_utils.ddp_train import TrainConfig, train_ddp, train_resumable
+from course_utils.ddp.amp import grad_scaler
+from course_utils.ddp.train import TrainConfig, train_ddp, train_resumable
 from course_utils.distributed import RankError, launch
-from course_utils.fault_demos import KillAt
-from course_utils.snapshots import (
+from course_utils.faults import crashes
+from course_utils.faults.crashes import KillAt
+from course_utils.faults.snapshots import (
     ResumableSampler,
     load_snapshot,
     save_snapshot,
@@ -134,23 +134,23 @@ def test_a_snapshot_of_another_model_is_refused(tmp_path):
 def test_writer_killed_in_the_middle_of_a_save(tmp_path, how):
     path = tmp_path / "snapshot.pt"
     with pytest.raises(RankError, match="killed by signal 9"):
-        launch(fault_demos.die_while_saving, 1, str(path), how, echo=False)
+        launch(crashes.die_while_saving, 1, str(path), how, echo=False)
     if how == "atomic":
-        info = load_snapshot(path, fault_demos.demo_model())
+        info = load_snapshot(path, crashes.demo_model())
         assert info.global_step == 1  # the previous snapshot, intact
         leftovers = [p.name for p in tmp_path.iterdir() if p.name != "snapshot.pt"]
         assert len(leftovers) == 1 and leftovers[0].startswith(".snapshot.pt.tmp-")
-        save_snapshot(path, fault_demos.demo_model(), epoch=0, step_in_epoch=0, global_step=3)
+        save_snapshot(path, crashes.demo_model(), epoch=0, step_in_epoch=0, global_step=3)
         assert [p.name for p in tmp_path.iterdir()] == ["snapshot.pt"]  # the stale file is gone
     else:  # the control: writing in place loses the only snapshot
         with pytest.raises(ValueError, match="is not a readable snapshot"):
-            load_snapshot(path, fault_demos.demo_model())
+            load_snapshot(path, crashes.demo_model())
 
 
 SAVE_FOREVER = textwrap.dedent("""
     import sys, torch
     from torch import nn
-    from course_utils.snapshots import save_snapshot
+    from course_utils.faults.snapshots import save_snapshot
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(512, 1024), nn.Linear(1024, 512))  # about 4 MB
     step = 0
@@ -188,16 +188,16 @@ def test_sigkill_at_random_moments_never_leaves_a_broken_snapshot(tmp_path):
 @pytest.mark.parametrize("stop_after", [1, 5, 6, 8, 14])
 def test_in_process_resume_is_exact_only_with_every_part(tmp_path, stop_after):
     path = tmp_path / "s.pt"
-    full = fault_demos.train_in_process(15)
-    first = fault_demos.train_in_process(15, path, stop_after=stop_after)
-    resumed = fault_demos.train_in_process(15, path, resume=True)
+    full = crashes.train_in_process(15)
+    first = crashes.train_in_process(15, path, stop_after=stop_after)
+    resumed = crashes.train_in_process(15, path, resume=True)
     assert resumed["start"] == stop_after
     assert first["losses"] + resumed["losses"] == full["losses"]
     for key, value in full["params"].items():
         assert torch.equal(resumed["params"][key], value)
-    for missing in fault_demos.PARTS:
-        restore = tuple(p for p in fault_demos.PARTS if p != missing)
-        partial = fault_demos.train_in_process(15, path, resume=True, restore=restore)
+    for missing in crashes.PARTS:
+        restore = tuple(p for p in crashes.PARTS if p != missing)
+        partial = crashes.train_in_process(15, path, resume=True, restore=restore)
         assert any(not torch.equal(partial["params"][k], v) for k, v in full["params"].items()), \
             f"resuming without {missing} should change the run"
 

@@ -4,7 +4,7 @@ import matplotlib
 import pytest
 import torch
 
-from course_utils.splits import epoch_splits, plot_epoch_splits, simulate_tutorial, split_sizes
+from course_utils.dataparallel.splits import epoch_splits, plot_epoch_splits, simulate_tutorial, split_sizes
 
 matplotlib.use("Agg")
 

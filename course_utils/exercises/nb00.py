@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..splits import split_sizes
+from ..dataparallel.splits import split_sizes
 from .core import load_bank
 
 __all__ = ["CASES", "EXERCISES"]

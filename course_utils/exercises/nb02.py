@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..splits import epoch_splits, split_sizes
+from ..dataparallel.splits import epoch_splits, split_sizes
 from .core import calls_recorded, load_bank
 
 __all__ = ["CASES", "EXERCISES"]

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..splits import split_sizes
+from ..dataparallel.splits import split_sizes
 from .core import changed, load_bank, snapshot
 
 __all__ = ["CASES", "EXERCISES"]
@@ -40,8 +40,8 @@ def _judge_gru(answer: Any) -> str | None:
 def _gru_run(answer: Any, steps: int, batch: int, indices: tuple[int, ...]) -> str | None:
     import threading
 
+    from ..dataparallel.simulated import SimDevice
     from ..models import SequenceGRU
-    from ..simulated import SimDevice
 
     torch.manual_seed(0)
     gru = SequenceGRU()

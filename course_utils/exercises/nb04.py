@@ -29,7 +29,7 @@ MiB = 2**20
 @functools.cache
 def _bert_extra_mib(optimizer: str) -> float:
     """How many MiB more device 0 holds than device 1: BERT-base-like, batch 32, 4 devices, plain DP."""
-    from ..memory import ModelSpec, ledger
+    from ..dataparallel.memory import ModelSpec, ledger
 
     spec = ModelSpec.bert_like(vocab=30522, hidden=768, layers=12, heads=12, intermediate=3072, seq_len=128)
     led = ledger(spec, "dp", batch_size=32, num_devices=4, optimizer=optimizer)

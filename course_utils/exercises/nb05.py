@@ -24,7 +24,7 @@ def _judge_ring_bytes(answer: Any) -> str | None:
     wrong_type = _whole_number(answer, "the bytes each rank sends")
     if wrong_type:
         return wrong_type
-    from course_utils.collectives import ring_bytes_per_rank
+    from course_utils.ddp.collectives import ring_bytes_per_rank
 
     values, ranks, itemsize = 4096, 4, 4
     size = values * itemsize
@@ -168,7 +168,7 @@ def _judge_two_heads(answer: Any) -> str | None:
 
 
 def _two_heads_case(answer: Any, world_size: int) -> str | None:
-    from ..ddp_demos import TwoHeads
+    from ..ddp.demos import TwoHeads
     results, hint = run_on_ranks(two_heads_rank, world_size, answer, hang_hint=(
         "the ranks hung and were stopped: one rank waits in a collective the other never calls; "
         "both must build and train the model the same way"))

@@ -42,7 +42,7 @@ def _huge_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def _fp16_first_steps(answer: Any) -> str | None:
     """Two steps with gradients of about 1e-8 (below fp16's range), at the scale 2**16 and then at
     the scale the first step grew it to."""
-    from ..amp import autocast
+    from ..ddp.amp import autocast
 
     reference_model, inputs, targets = _scaled_step_setup()
     reference_optimizer = torch.optim.SGD(reference_model.parameters(), lr=1e6)

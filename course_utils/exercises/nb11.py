@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..hangs import HANG_FRESH_S  # noqa: F401 - the notebook's allowance (tests/test_debugging.py)
+from ..debugging.hangs import HANG_FRESH_S  # noqa: F401 - the notebook's allowance (tests/test_debugging.py)
 from .core import load_bank
 from .nb11_local import (  # the judges that run no ranks
     NO_GRAD_MODELS,
@@ -135,7 +135,7 @@ def _judge_order(sync_step: Any) -> str | None:
 # ----------------------------------------------------------------------------- 11.4 Join
 
 def _judge_join(train_my_shard: Any) -> str | None:
-    from course_utils.training_bugs import uneven_reference
+    from course_utils.debugging.training_bugs import uneven_reference
 
     for counts in JOIN_CASES:
         results, hint = run_ranks(join_rank, len(counts), train_my_shard, counts)
@@ -166,7 +166,7 @@ def _judge_accumulation(accumulation_step: Any) -> str | None:
 
 
 def _accumulation_case(accumulation_step: Any, world_size: int, k: int, micro: int, steps: int) -> str | None:
-    from course_utils.training_bugs import accumulation_reference
+    from course_utils.debugging.training_bugs import accumulation_reference
 
     results, hint = run_ranks(accumulation_rank, world_size, accumulation_step, k, micro, steps)
     if hint:

@@ -35,7 +35,7 @@ class _SkipsMiddle:
 def _judge_no_grad(params_without_grad: Any) -> str | None:
     import torch
 
-    from course_utils.ddp_demos import TwoHeads
+    from course_utils.ddp.demos import TwoHeads
 
     for build, expected in ((TwoHeads, ["unused_head.bias", "unused_head.weight"]),
                             (_SkipsMiddle, ["middle.bias", "middle.weight"])):
@@ -165,7 +165,7 @@ def _judge_ratio(fp16_bytes_ratio: Any) -> str | None:
 # ----------------------------------------------------------------------------- 11.12 Flight Recorder
 
 def _judge_first_mismatch(first_mismatch: Any) -> str | None:
-    from course_utils.flight_recorder import example_flight_records, first_mismatch_of
+    from course_utils.debugging.flight_recorder import example_flight_records, first_mismatch_of
 
     wrong_shape = not_a_pair(first_mismatch, "(the collective's number in the group, a rank)")
     if wrong_shape:

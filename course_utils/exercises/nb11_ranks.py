@@ -13,7 +13,7 @@ def accumulation_rank(rank: int, world_size: int, step: Any, k: int, micro: int,
     the rounds of DDP's all-reduce and noting a ``zero_grad`` between two backward passes of a step."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    from course_utils.training_bugs import train_accumulating
+    from course_utils.debugging.training_bugs import train_accumulating
 
     rounds: list[int] = []  # one entry per all-reduce of the first bucket: one per synced backward
     cleared_between = []  # steps in which zero_grad ran between two backward passes
@@ -93,7 +93,7 @@ def evaluation_rank(rank: int, world_size: int, answer: Any, seed: int | None) -
     ``seed`` (None: the notebook's), and the collectives it ran (whatever it called them by)."""
     import torch
 
-    from course_utils import failure_zoo
+    from course_utils.debugging import failure_zoo
 
     from .on_ranks import collectives_called
 
@@ -135,7 +135,7 @@ def join_rank(rank: int, world_size: int, answer: Any, counts: list[int]) -> dic
     ``my_batches`` (the notebook's, for [3, 2]) hands them out."""
     import functools
 
-    from course_utils.training_bugs import uneven_batches
+    from course_utils.debugging.training_bugs import uneven_batches
 
     from .on_ranks import collectives_recorded
 

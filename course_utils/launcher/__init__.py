@@ -2,7 +2,7 @@
 
 Learners never import these modules: the names notebooks use (``launch``, ``RankError``,
 ``LaunchTimeout``, ``rank_print``) are imported from ``course_utils.distributed``, and torchrun's
-from ``course_utils.torchrun``.
+from ``course_utils.faults.torchrun``.
 
 - ``rank``: the rank side: a rank's entry point, forked or a fresh interpreter
   (``python -m course_utils.launcher.rank WORKDIR RANK``); sets up the group, runs ``fn``, writes

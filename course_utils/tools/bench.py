@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..strategy_harness import (
+from ..sharding.strategies import (
     CLASSES,
     machine_description,
     measure_strategies,
@@ -34,7 +34,7 @@ def _ring_rank(rank: int, world_size: int, sizes_mb: Sequence[int], repeats: int
     """``make bench``: median seconds of ``ring_all_reduce`` and ``dist.all_reduce``, alternating."""
     import torch.distributed as dist
 
-    from ..collectives import ring_all_reduce
+    from ..ddp.collectives import ring_all_reduce
     from ..devices import rank_device
 
     out = {}
@@ -60,8 +60,8 @@ def _noop_rank(rank: int, world_size: int) -> int:
 
 
 def _dp_overhead(width: int, rows: int, repeats: int) -> tuple[float, float]:
-    from ..by_hand import data_parallel
-    from ..simulated import sim_devices
+    from ..dataparallel.by_hand import data_parallel
+    from ..dataparallel.simulated import sim_devices
 
     model = mlp(width)
     g = torch.Generator().manual_seed(0)
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from ..devices import BACKEND_VARIABLE
     from ..distributed import launch
-    from ..torchrun import torchrun
+    from ..faults.torchrun import torchrun
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5, help="repeats per figure (>= 5)")
@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for how in seconds:
             start = time.perf_counter()
             if how == "torchrun":
-                job = torchrun("course_utils.ddp_train", 2, "--out", os.devnull, "--noop",
+                job = torchrun("course_utils.ddp.train", 2, "--out", os.devnull, "--noop",
                                env={BACKEND_VARIABLE: "gloo"})
                 if job.returncode != 0:
                     raise RuntimeError("torchrun no-op failed:\n" + "\n".join(job.lines + job.log_lines))
@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # 6. DDP by hand (notebook 06) against torch's DDP: one step of each version in turn, 2 ranks,
     #    on a model whose gradients take about as long to send as to compute
-    from ..ddp_by_hand_runs import step_times_rank
+    from ..ddp.by_hand_timing import step_times_rank
 
     width, per_rank = (64, 8) if args.quick else (BY_HAND_WIDTH, BY_HAND_ROWS)
     by_hand = cpu_launch(step_times_rank, 2, width, per_rank, BY_HAND_CAP_MB, 2 * repeats)[0]

@@ -160,8 +160,8 @@ def run_notebooks(repo: Path, work: Path) -> list[str]:
     import nbformat
 
     from ..exercises import bank
-    from ..exercises.edition import build
     from .nbtools import run_in_memory
+    from .solutions import build
 
     failures = []
     lesson = work / "notebooks"

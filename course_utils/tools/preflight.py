@@ -36,10 +36,10 @@ def _torch() -> str:
 
 
 def _ranks() -> str:
-    from .. import ddp_demos
+    from ..ddp import demos
     from ..distributed import launch
 
-    sums = launch(ddp_demos.all_reduce_sum, 2, echo=False, timeout_s=60)
+    sums = launch(demos.all_reduce_sum, 2, echo=False, timeout_s=60)
     if sums != [[3.0], [3.0]]:
         raise RuntimeError(f"two ranks summed to {sums}, not [[3.0], [3.0]]")
     return "2 ranks met and all-reduced: [[3.0], [3.0]]"
@@ -49,8 +49,8 @@ def _dataparallel() -> str:
     import torch
     from torch import nn
 
-    from ..by_hand import data_parallel
-    from ..simulated import sim_devices
+    from ..dataparallel.by_hand import data_parallel
+    from ..dataparallel.simulated import sim_devices
 
     model = nn.Linear(4, 2)
     x = torch.randn(30, 4)

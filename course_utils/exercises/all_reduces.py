@@ -1,0 +1,144 @@
+"""Every all-reduce a rank runs and every wait on it, watched where they happen: in the methods of
+the rank's ``ProcessGroup`` and of the handles and futures it returns (notebook 06's judges).
+
+A judge that counts the all-reduces an answer called by name is fooled by an alias, a wrapper or
+a blocking call; :func:`all_reduces_watched` sees every one, whatever name reached it, and every
+way of waiting for it (``wait()``, a wait on a future, ``torch.futures.wait_all``, polling
+``is_completed()`` until it is true). A blocking all-reduce waits inside the call, so it counts as
+waited for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["all_reduces_watched"]
+
+
+@contextlib.contextmanager
+def all_reduces_watched() -> Iterator[list[dict]]:
+    """On a rank: one record per all-reduce the block runs on a process group, whatever name the
+    code called it by: ``numel`` (the elements handed in), ``ptrs`` (where they are), ``sent`` (a
+    copy of their values, flattened, when the all-reduce started), ``work`` (the handle the group
+    returned) and ``waited`` (how many times the block waited for it, updated as the block goes on).
+
+    Every way of waiting counts: ``wait()`` on the handle (a blocking all-reduce calls it itself),
+    ``wait()`` on one of its futures (``get_future()``, or a future chained to one with ``then()``),
+    on the future ``torch.futures.wait_all`` or ``collect_all`` makes of them, and ``is_completed()``
+    or ``done()`` once they answer True (polling until the all-reduce is over is waiting for it)."""
+    import torch.distributed as dist
+
+    records: list[dict] = []
+    by_work: dict[int, dict] = {}
+    by_future: dict[int, list[dict]] = {}
+    kept: list[Any] = []  # the futures seen, kept alive so that their ids stay their own
+    group_class = dist.ProcessGroup
+    future_class = torch._C.Future
+    held: dict[tuple[Any, str], Any] = {}  # what each patched class or module held, put back afterwards
+
+    def patch(owner: Any, name: str, make: Any) -> None:
+        original = getattr(owner, name, None)
+        if original is None:  # not in this release
+            return
+        held[owner, name] = owner.__dict__.get(name)
+        setattr(owner, name, make(original))
+
+    def waited(found: list[dict] | None) -> None:
+        for record in found or ():
+            record["waited"] += 1
+
+    def on_futures(futures: list[Any], found: list[dict]) -> None:
+        for future in futures:
+            kept.append(future)
+            by_future.setdefault(id(future), []).extend(found)
+
+    def watch_work_class(cls: type) -> None:
+        """Patch the methods of the handles of class ``cls`` (the class a release's backend returns)."""
+        def wait(original: Any) -> Any:
+            def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+                if id(self) in by_work:
+                    waited([by_work[id(self)]])
+                return original(self, *args, **kwargs)
+            return call
+        patch(cls, "wait", wait)
+
+        def is_completed(original: Any) -> Any:
+            def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+                done = original(self, *args, **kwargs)
+                if done and id(self) in by_work:
+                    waited([by_work[id(self)]])
+                return done
+            return call
+        patch(cls, "is_completed", is_completed)
+
+        def get_future(original: Any) -> Any:
+            def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+                future = original(self, *args, **kwargs)
+                if id(self) in by_work:
+                    on_futures([future], [by_work[id(self)]])
+                return future
+            return call
+        patch(cls, "get_future", get_future)
+
+    def future_wait(original: Any) -> Any:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            waited(by_future.get(id(self)))
+            return original(self, *args, **kwargs)
+        return call
+
+    def future_done(original: Any) -> Any:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            done = original(self, *args, **kwargs)
+            if done:
+                waited(by_future.get(id(self)))
+            return done
+        return call
+
+    def future_then(original: Any) -> Any:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            chained = original(self, *args, **kwargs)
+            if id(self) in by_future:
+                on_futures([chained], by_future[id(self)])
+            return chained
+        return call
+
+    def collect_all(original: Any) -> Any:
+        def call(futures: Any, *args: Any, **kwargs: Any) -> Any:
+            collected = original(futures, *args, **kwargs)
+            found = [r for f in futures for r in by_future.get(id(f), [])]
+            if found:
+                on_futures([collected], found)
+            return collected
+        return call
+
+    def allreduce(original: Any) -> Any:
+        def call(self: Any, tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            handed = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
+            sent = torch.cat([t.detach().flatten() for t in handed]).clone() if handed else torch.zeros(0)
+            work = original(self, tensors, *args, **kwargs)
+            record = {"numel": sum(t.numel() for t in handed), "ptrs": [t.data_ptr() for t in handed],
+                      "sent": sent, "work": work, "waited": 0}  # the record keeps the handle: its id stays
+            records.append(record)
+            by_work[id(work)] = record
+            if (type(work), "wait") not in held:
+                watch_work_class(type(work))
+            return work
+        return call
+
+    try:
+        patch(group_class, "allreduce", allreduce)
+        patch(future_class, "wait", future_wait)
+        patch(future_class, "done", future_done)
+        patch(future_class, "then", future_then)
+        patch(torch._C, "_collect_all", collect_all)
+        yield records
+    finally:
+        for (owner, name), descriptor in held.items():
+            if descriptor is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, descriptor)

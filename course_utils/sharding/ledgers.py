@@ -1,0 +1,194 @@
+"""Sharded data parallelism: the ledgers (memory and bytes sent per rank) of notebook 09; its runs
+are in :mod:`course_utils.sharding.runs`.
+
+Memory per rank for Ψ parameters on N ranks, with p, g bytes per parameter and gradient element
+and K bytes of optimizer state per parameter (``BYTES_PER_PARAMETER``: Adam in fp32, or mixed
+precision with ``torch.autocast`` or FSDP2's ``MixedPrecisionPolicy``, 4, 4, 8; DeepSpeed's and
+Apex O2's 16-bit parameters with an fp32 master copy, the ZeRO paper's count, 2, 2, 12):
+
+========= ============== ============== ===============
+strategy  parameters     gradients      optimizer state
+========= ============== ============== ===============
+DDP       pΨ             gΨ             KΨ
+ZeRO-1    pΨ             gΨ             KΨ/N
+ZeRO-2    pΨ             gΨ/N           KΨ/N
+ZeRO-3    pΨ/N           gΨ/N           KΨ/N
+FSDP      as ZeRO-3, each parameter's rows split as ``torch.chunk`` splits them
+HSDP      as FSDP, over the G ranks of one node (N nodes of G: the model is replicated N times)
+========= ============== ============== ===============
+
+Bytes each rank sends per step (ring collectives): DDP, ZeRO-1 and ZeRO-2 ``2 sΨ (N-1)/N``,
+ZeRO-3 ``3 sΨ (N-1)/N`` (a second all-gather of the parameters, for backward). On N nodes of G
+ranks (``link_bytes_per_step``), DDP and FSDP run on one group of all NG ranks, which spans the
+nodes; HSDP sends ``3 sΨ (G-1)/G`` inside its node and ``2 (sΨ/G)(N-1)/N`` between nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from .._checks import check_int, check_positive_int
+from ..dataparallel.memory import Ledger, ledger
+from ..dataparallel.model_specs import ModelSpec
+from .zero import shard_numel
+
+__all__ = [
+    "BYTES_PER_PARAMETER",
+    "PASSES",
+    "SHARDED",
+    "ShardedLedger",
+    "LINKS",
+    "comm_bytes_per_step",
+    "fsdp_local_numel",
+    "link_bytes_per_step",
+    "sharded_bytes",
+    "sharded_ledger",
+]
+
+#: accounting -> bytes per parameter of (parameters, gradients, AdamW's state) that stay in memory.
+#: ``torch.autocast`` and FSDP2's ``MixedPrecisionPolicy`` keep the parameters, their gradients and
+#: both moments in fp32 (the 16-bit copies live for one forward or one layer: transient), so mixed
+#: precision as this course runs it holds what fp32 holds. DeepSpeed's fp16/bf16 modes and Apex O2
+#: store 16-bit parameters and gradients and keep an fp32 master copy beside the two moments.
+BYTES_PER_PARAMETER = {"fp32": (4, 4, 8), "autocast": (4, 4, 8), "master_weights": (2, 2, 12)}
+
+#: strategy -> (parameters, gradients, optimizer state) sharded?
+SHARDED = {"ddp": (False, False, False), "zero1": (False, False, True), "zero2": (False, True, True),
+           "zero3": (True, True, True), "fsdp": (True, True, True), "hsdp": (True, True, True)}
+_LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "fsdp": "FSDP",
+           "hsdp": "HSDP"}
+
+
+def _check_strategy(strategy: str) -> None:
+    if strategy not in SHARDED:
+        raise ValueError(f"strategy must be one of {tuple(SHARDED)}, got {strategy!r}")
+
+
+def fsdp_local_numel(shapes: Sequence[Sequence[int]], world_size: int, rank: int) -> int:
+    """Elements of ``rank``'s shards under ``fully_shard``: each parameter's dim 0 chunked as
+    ``torch.chunk`` chunks it (so the last ranks may hold fewer rows, or none)."""
+    total = 0
+    for shape in shapes:
+        rows, per_row = shape[0], int(torch.Size(shape[1:]).numel())
+        size = shard_numel(rows, world_size)
+        total += max(0, min(rows - rank * size, size)) * per_row
+    return total
+
+
+def sharded_bytes(numels: Sequence[int], world_size: int, strategy: str, *, rank: int = 0,
+                  shapes: Sequence[Sequence[int]] = (), param_bytes: int = 4, grad_bytes: int = 4,
+                  state_bytes: int = 8) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state on ``rank``: the ledger's model rows.
+
+    ``numels``: elements of each flat unit (for ZeRO, ``ZeroByHand`` pads each to a multiple of N,
+    and so does this count); for ``"fsdp"``, ``shapes`` (every parameter's shape) is used instead.
+    ``"hsdp"`` counts as ``"fsdp"`` over the ranks of one node: ``world_size`` is then the mesh's
+    ``"shard"`` size (G) and ``rank`` the rank's place along it.
+    """
+    _check_strategy(strategy)
+    world_size = check_positive_int("world_size", world_size)
+    if strategy in ("fsdp", "hsdp"):
+        shard = full = fsdp_local_numel(shapes, world_size, rank)
+    else:
+        if any(check_int("numels", n) < 0 for n in numels):
+            raise ValueError(f"numels must be ints >= 0, got {list(numels)!r}")
+        shard = sum(shard_numel(n, world_size) for n in numels)
+        full = sum(numels) if strategy == "ddp" else shard * world_size
+    p, g, k = SHARDED[strategy]
+    return {"parameters": (shard if p else full) * param_bytes,
+            "gradients": (shard if g else full) * grad_bytes,
+            "optimizer state": (shard if k else full) * state_bytes}
+
+
+#: strategy -> passes of sΨ(N-1)/N bytes each rank sends per step: DDP and ZeRO-1/2 reduce and
+#: gather once each (an all-reduce is both); ZeRO-3 and FSDP gather twice; PyTorch's
+#: ZeroRedundancyOptimizer with DDP all-reduces every gradient, then broadcasts every parameter
+PASSES = {"ddp": 2, "zero1": 2, "zero2": 2, "zero3": 3, "fsdp": 3, "zero_redundancy": 3}
+
+
+def comm_bytes_per_step(numel: int, world_size: int, strategy: str, itemsize: int = 4) -> float:
+    """Bytes one rank sends per training step: ``2 sΨ(N-1)/N`` (DDP, ZeRO-1/2), ``3 sΨ(N-1)/N``
+    (ZeRO-3, FSDP, and ``"zero_redundancy"``: ``ZeroRedundancyOptimizer`` with DDP)."""
+    if strategy not in PASSES:
+        raise ValueError(f"strategy must be one of {tuple(PASSES)}, got {strategy!r}")
+    world_size = check_positive_int("world_size", world_size)
+    if check_int("numel", numel) < 0:
+        raise ValueError(f"numel must be >= 0, got {numel}")
+    return PASSES[strategy] * numel * itemsize * (world_size - 1) / world_size
+
+
+#: where a collective's bytes go: its group's ranks all on one node, or on several
+LINKS = ("inside node", "between nodes")
+
+
+def link_bytes_per_step(numel: int, nodes: int, gpus_per_node: int, strategy: str,
+                        itemsize: int = 4) -> dict[str, float]:
+    """Bytes one rank sends per step on groups inside one node and on groups that span nodes, with
+    ``nodes`` nodes of ``gpus_per_node`` ranks (notebook 09). DDP and FSDP run on one group of all
+    the ranks: with two nodes or more, all of it spans nodes. HSDP reduce-scatters and all-gathers
+    (twice) over the G ranks of its node, ``3 sΨ(G-1)/G``, and all-reduces its gradient shard
+    over the N ranks that hold the same shard, one per node: ``2 (sΨ/G)(N-1)/N``. ``numel``: Ψ
+    after FSDP's padding (each parameter's rows rounded up to a multiple of the ranks sharing it).
+    """
+    if strategy not in ("ddp", "fsdp", "hsdp"):
+        raise ValueError(f"strategy must be one of ('ddp', 'fsdp', 'hsdp'), got {strategy!r}")
+    nodes = check_positive_int("nodes", nodes)
+    gpus = check_positive_int("gpus_per_node", gpus_per_node)
+    if check_int("numel", numel) < 0:
+        raise ValueError(f"numel must be >= 0, got {numel}")
+    if strategy == "hsdp":
+        inside = comm_bytes_per_step(numel, gpus, "fsdp", itemsize)
+        between = 2 * (numel * itemsize / gpus) * (nodes - 1) / nodes
+    else:
+        inside, between = 0.0, comm_bytes_per_step(numel, nodes * gpus, strategy, itemsize)
+        if nodes == 1:
+            inside, between = between, 0.0
+    return dict(zip(LINKS, (inside, between), strict=True))
+
+
+@dataclasses.dataclass
+class ShardedLedger(Ledger):
+    """A DDP ledger whose model state is sharded as ``SHARDED[strategy]`` says (notebook 09)."""
+
+    @property
+    def label(self) -> str:
+        return _LABELS[self.strategy]
+
+
+def sharded_ledger(spec: ModelSpec, strategy: str, *, batch_size: int, num_devices: int,
+                   mixed_precision: bool | str = False, gpus_per_node: int | None = None) -> Ledger:
+    """Notebook 04's DDP ledger with the model state of ``strategy``; activations unchanged.
+
+    ``mixed_precision`` names an accounting of ``BYTES_PER_PARAMETER``: ``"autocast"`` (what
+    ``torch.autocast`` and FSDP2 keep: 4 + 4 + 8 bytes, notebooks 07 and 10) or
+    ``"master_weights"`` (DeepSpeed, Apex O2: 2 + 2 + 12, the ZeRO paper's (2 + 2 + K)Ψ with
+    K = 12). ``True`` is ``"master_weights"`` (notebook 09 follows the paper); ``False``, fp32.
+    Activations, inputs and outputs are counted in fp32 either way. No DDP buckets except DDP's.
+    ``"hsdp"`` shards over ``gpus_per_node`` ranks (one node), which must divide ``num_devices``.
+    """
+    _check_strategy(strategy)
+    shards = num_devices
+    if strategy == "hsdp":
+        shards = check_positive_int("gpus_per_node", gpus_per_node)
+        if check_positive_int("num_devices", num_devices) % shards:
+            raise ValueError(f"gpus_per_node must divide num_devices ({num_devices}), got {shards}")
+    if mixed_precision is True or mixed_precision is False:
+        mixed_precision = "master_weights" if mixed_precision else "fp32"
+    if mixed_precision not in BYTES_PER_PARAMETER:
+        raise ValueError(f"mixed_precision must be True, False or one of {tuple(BYTES_PER_PARAMETER)}, "
+                         f"got {mixed_precision!r}")
+    base = ledger(spec, "ddp", batch_size=batch_size, num_devices=num_devices)
+    sizes = BYTES_PER_PARAMETER[mixed_precision]
+    psi, n = spec.parameters, shards
+    rows = []
+    for row in base.rows:
+        row = dict(row)
+        for (name, sharded), size in zip(zip(("parameters", "gradients", "optimizer state"),
+                                             SHARDED[strategy], strict=True), sizes, strict=True):
+            row[name] = size * (shard_numel(psi, n) if sharded else psi)
+        row["DDP buckets"] = row["gradients"] if strategy == "ddp" else 0
+        rows.append(row)
+    return ShardedLedger(spec, strategy, batch_size, 0, base.rows_per_device, rows)

@@ -1,0 +1,149 @@
+"""The runs of notebook 09's last section: data parallelism on a 2-D ``DeviceMesh`` (HSDP).
+
+Four ranks stand for 2 nodes of 2 GPUs. ``mesh_2d`` lays them out as a (nodes, gpus_per_node)
+mesh whose dimensions are named for what the model does along them: ``"replicate"`` (across
+nodes: one rank per node, each holding the same shard) and ``"shard"`` (inside a node: the ranks
+that split the model between them). ``mesh_rank`` trains ``toy_model()`` on the same rows as
+notebook 09's FSDP section three ways, DDP and FSDP on the flat group of all ranks and HSDP on the
+mesh, and counts what each rank sends with ``logged_links``: every collective torch's own code
+runs, in bytes per rank (the ring model of ``zero.CommLog``), on the group it ran on, split into
+the groups that stay inside one node and those that span nodes. ``sharding.link_bytes_per_step``
+is the formula the counts must equal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from .ledgers import LINKS
+from .runs import logged_collectives, model_state_bytes, shard_layers, toy_batches, toy_model
+
+__all__ = ["MESH_DIMS", "LinkLog", "describe_mesh", "logged_links", "mesh_2d", "mesh_rank", "node_of"]
+
+#: the mesh's dimensions, outer first: across nodes the model is replicated, inside one it is sharded
+MESH_DIMS = ("replicate", "shard")
+
+
+def node_of(rank: int, gpus_per_node: int) -> int:
+    """The node a global rank runs on: torchrun numbers a node's ranks one after another."""
+    return rank // gpus_per_node
+
+
+class LinkLog:
+    """Bytes one rank sends in each collective (a ring over the collective's group, as
+    ``zero.CommLog`` counts them), split by link: ``"inside node"`` when every rank of the group
+    is on this rank's node, ``"between nodes"`` when the group spans nodes (notebook 09)."""
+
+    def __init__(self, gpus_per_node: int) -> None:
+        self.gpus_per_node = gpus_per_node
+        self.sent: dict[str, dict[str, float]] = {link: {} for link in LINKS}
+        self.groups: dict[str, set[tuple[int, ...]]] = {link: set() for link in LINKS}
+
+    def count(self, kind: str, tensor: torch.Tensor, group: Any = None) -> None:
+        """Log one collective; ``tensor`` as for ``CommLog.count``, ``group`` the one it ran on."""
+        import torch.distributed as dist
+
+        ranks = tuple(dist.get_process_group_ranks(dist.group.WORLD if group is None else group))
+        n, nbytes = len(ranks), tensor.nbytes
+        if kind == "all_reduce":
+            sent = 2 * nbytes * (n - 1) / n
+        elif kind == "broadcast":
+            sent = nbytes * (n - 1) / n
+        else:  # reduce-scatter (the output, a shard) and all-gather (the input, a shard): N-1 shards
+            sent = (n - 1) * nbytes
+        link = LINKS[len({node_of(r, self.gpus_per_node) for r in ranks}) > 1]
+        self.sent[link][kind] = self.sent[link].get(kind, 0.0) + sent
+        self.groups[link].add(ranks)
+
+    def per_step(self, steps: int) -> dict[str, dict[str, float]]:
+        """Bytes sent per step: link -> kind of collective -> bytes."""
+        return {link: {kind: b / steps for kind, b in kinds.items()} for link, kinds in self.sent.items()}
+
+
+def logged_links(log: LinkLog) -> contextlib.AbstractContextManager[None]:
+    """While inside, count in ``log`` what torch's own code hands to ``dist.all_reduce``,
+    ``dist.broadcast`` and the flat all-gather and reduce-scatter, with the group each ran on
+    (``runs.logged_collectives``, which counts the same calls for one flat group)."""
+    return logged_collectives(log, groups=True)
+
+
+def mesh_2d(nodes: int, gpus_per_node: int) -> Any:
+    """A ``DeviceMesh`` of ``nodes`` × ``gpus_per_node`` ranks, dimensions named ``MESH_DIMS``, on
+    this rank's device type (``cuda`` under NCCL, ``cpu`` under gloo)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from ..devices import rank_device
+
+    # region: mesh
+    mesh = init_device_mesh(rank_device().type, (nodes, gpus_per_node),  # a row per node
+                            mesh_dim_names=("replicate", "shard"))  # across nodes, within a node
+    # endregion
+    return mesh
+
+
+def describe_mesh(mesh: Any, gpus_per_node: int) -> dict:
+    """This rank's place on ``mesh``: its coordinates, and for each named dimension the ranks of
+    its group along it and whether they would all be inside one machine on a real cluster."""
+    import torch.distributed as dist
+
+    groups = {name: dist.get_process_group_ranks(mesh.get_group(name)) for name in mesh.mesh_dim_names}
+    return {"coordinate": dict(zip(mesh.mesh_dim_names, mesh.get_coordinate(), strict=True)),
+            "groups": groups,
+            "inside one node": {name: len({node_of(r, gpus_per_node) for r in ranks}) == 1
+                                for name, ranks in groups.items()}}
+
+
+def _train(model: nn.Module, batches: list, lr: float) -> torch.optim.Optimizer:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    for x, y in batches:
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return optimizer
+
+
+def mesh_rank(rank: int, world_size: int, nodes: int = 2, steps: int = 3, rows: int = 12,
+              lr: float = 1e-2) -> dict:
+    """One of ``world_size`` ranks on ``nodes`` nodes: DDP on all ranks, FSDP on all ranks and
+    HSDP on a (nodes, world_size // nodes) mesh, each trained on this rank's rows of the FSDP
+    section's batches. Returns the mesh as this rank sees it and, per run, the full parameters
+    after training, the bytes of model state held and the bytes sent per step on each link."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from ..devices import rank_device, wrap_ddp
+
+    device, gpus_per_node = rank_device(), world_size // nodes
+    batches = [(x.chunk(world_size)[rank].to(device), y.chunk(world_size)[rank].to(device))
+               for x, y in toy_batches(steps, rows)]
+    mesh = mesh_2d(nodes, gpus_per_node)
+    out: dict = {"mesh": describe_mesh(mesh, gpus_per_node), "device": str(device)}
+    logs = {run: LinkLog(gpus_per_node) for run in ("ddp", "fsdp", "hsdp")}
+
+    model = toy_model().to(device)
+    ddp_model = wrap_ddp(model, device)
+    ddp_model.register_comm_hook(None, default_hooks.allreduce_hook)  # DDP's all-reduce, counted
+    with logged_links(logs["ddp"]):
+        optimizer = _train(ddp_model, batches, lr)
+    out["ddp"] = {"parameters": [p.detach().cpu() for p in model.parameters()],
+                  "held": model_state_bytes(model, optimizer)}
+    del ddp_model
+
+    for run in ("fsdp", "hsdp"):
+        with logged_links(logs[run]):
+            # region: hsdp
+            model = shard_layers(toy_model().to(device), mesh=mesh if run == "hsdp" else None)
+            optimizer = _train(model, batches, lr)
+            # endregion
+        weight = model[0].weight
+        out[run] = {"parameters": [p.full_tensor().cpu() for p in model.parameters()],
+                    "held": model_state_bytes(model, optimizer), "placements": str(weight.placements),
+                    "local": tuple(weight.to_local().shape)}
+    out["shapes"] = [tuple(p.shape) for p in model.parameters()]
+    for run, log in logs.items():
+        out[run]["sent"] = log.per_step(steps)
+        out[run]["groups"] = {link: sorted(groups) for link, groups in log.groups.items()}
+    return out
