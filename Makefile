@@ -70,7 +70,7 @@ preflight: $(STAMP) ## Before a workshop: check this machine runs the course (pr
 	$(BIN)/python -m course_utils.tools.preflight
 
 solutions: $(STAMP) ## Generate the solutions edition in solutions/ from course_utils/exercises (instructors)
-	$(BIN)/python -m course_utils.exercises.edition solutions/ --execute
+	$(BIN)/python -m course_utils.tools.solutions solutions/ --execute
 
 bench: $(STAMP) ## Print the performance figures (DDP scaling, ring vs gloo, launch vs torchrun, DP overhead)
 	$(BIN)/python -m course_utils.tools.bench
@@ -103,8 +103,11 @@ compat-all: ## make compat for the releases CI checks (2.11.0 and 2.14.1), side 
 editions: $(STAMP) ## Update the PO files from the English notebooks and rebuild notebooks/ko, ja, zh
 	$(BIN)/python -m course_utils.tools.editions
 
-lint: $(STAMP) ## ruff over the package, the tests and the notebooks
+# import-linter reads its contracts from pyproject.toml: the package's layers (README, Layout), one
+# way down, and no import circle between modules or folders.
+lint: $(STAMP) ## ruff over the package, the tests and the notebooks; the package's import layers (import-linter)
 	$(BIN)/python -m ruff check .
+	$(BIN)/lint-imports --no-cache
 
 # The book: the course as an HTML site from the notebooks' stored outputs (book/build.py), checked in
 # headless Chromium (book/check.py). Its tools have their own pins and venv, apart from .venv.
