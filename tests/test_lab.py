@@ -1,6 +1,7 @@
 """make lab's working copy: every notebook copied, a learner's files kept, git ignoring all of it."""
 
 import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -68,3 +69,57 @@ def test_a_copied_notebook_is_the_course_notebook(tmp_path):
     assert len([p for p in copied if p.suffix == ".ipynb"]) == len(notebooks) >= 44  # 11, and 11 per edition
     nb = nbformat.read(tmp_path / "lab" / "01_single_gpu.ipynb", as_version=4)
     assert nb == nbformat.read(ROOT / "notebooks" / "01_single_gpu.ipynb", as_version=4)
+
+
+#: a notebook, stored as .json so that nbval does not collect it
+OLD_COPY = ROOT / "tests" / "data" / "lab_before_the_wings.json"
+
+
+def test_a_copy_made_before_the_modules_moved_is_brought_up_to_date_and_runs(tmp_path, capsys):
+    """A learner's lab/ from before the wings: what the course's notebooks imported then (the fixture
+    holds their imports, and what they read from the modules they imported) runs once make lab has
+    rewritten it, and the notebook as it was is kept."""
+    source, dest = tmp_path / "notebooks", tmp_path / "lab"
+    source.mkdir()
+    dest.mkdir()
+    (dest / "09_old.ipynb").write_bytes(OLD_COPY.read_bytes())
+    assert lab.main(["--source", str(source), "--dest", str(dest)]) == 0
+    out = capsys.readouterr().out
+    assert "the imports of 1 of your notebooks use the new paths now (09_old.ipynb)" in out, out
+    assert "no longer has" not in out, out
+    assert (dest / lab.BACKUP / "09_old.ipynb").read_bytes() == OLD_COPY.read_bytes()
+    updated = nbformat.read(dest / "09_old.ipynb", as_version=4)
+    code = [c.source for c in updated.cells if c.cell_type == "code"]
+    assert all("course_utils.ddp_train" not in c and "import sharding" not in c for c in code)
+    assert lab.update_old_imports(dest) == ([], {})  # a second run changes nothing
+    # every cell runs: the imports, the attributes read from imported modules, the modules named
+    script = "\n".join(code)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_what_cannot_be_brought_along_is_named_with_what_to_run(tmp_path, capsys):
+    source, dest = tmp_path / "notebooks", tmp_path / "lab"
+    source.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("from course_utils.ddp_demos import hello, no_such_demo\n"
+                                          "from course_utils import sharding\n"
+                                          "sharding.sharded_ledger, sharding.not_a_ledger")]
+    dest.mkdir()
+    nbformat.write(nb, dest / "mine.ipynb")
+    assert lab.main(["--source", str(source), "--dest", str(dest)]) == 0
+    out = capsys.readouterr().out
+    assert ("lab/mine.ipynb uses what the course no longer has (course_utils.ddp.demos.no_such_demo, "
+            "course_utils.sharding.ledgers.not_a_ledger): run make lab-refresh") in out, out
+    cell = nbformat.read(dest / "mine.ipynb", as_version=4).cells[0].source
+    assert cell.splitlines()[:2] == ["from course_utils.ddp.demos import hello, no_such_demo",
+                                     "from course_utils.sharding import ledgers as sharding"]
+
+
+def test_the_course_notebooks_use_no_old_path_and_every_name_they_import_exists():
+    from course_utils.tools.moved import unresolved, update_cells
+
+    for path in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")):
+        code = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        assert update_cells(code) == code, path.name
+        assert unresolved(code) == [], path.name
