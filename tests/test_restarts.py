@@ -144,3 +144,22 @@ def test_agent_events_drop_timestamps_pids_and_racy_lines():
         "[default] Worker group FAILED. 2/2 attempts left; will restart worker group",
         "[default] worker group successfully finished.",
     ]
+
+
+def test_a_log_records_backtrace_is_a_log_not_a_workers_print():
+    """Seen under load: the store client's warning when the rendezvous store closed first, with
+    the C++ backtrace it carries, one line each, between a worker's prints."""
+    from course_utils.faults.torchrun import _split_logs
+
+    out = ["epoch 0: loss 1.0",
+           "[W1126 17:50:01.123456 812 TCPStore.cpp:106] [c10d] recvValue failed: Connection reset",
+           "Exception raised from recvBytes at /pytorch/torch/csrc/distributed/c10d/Utils.hpp:787 "
+           "(most recent call first):",
+           "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x9d (0x7f in libc10.so)",
+           "<omitting python frames>", "frame #29: __libc_start_main + 0x85 (0x7f in libc.so.6)", "",
+           "parameters saved"]
+    prints, logs = _split_logs(out)
+    assert prints == ["epoch 0: loss 1.0", "parameters saved"]
+    assert logs == out[1:7]
+    assert _split_logs(["", "a print", "frame #1: a worker's own text"])[0] == [
+        "", "a print", "frame #1: a worker's own text"]  # only after a log record

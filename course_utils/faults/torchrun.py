@@ -118,6 +118,18 @@ _AGENT_EVENTS = ("[default] Worker group FAILED", "restart_count=",
 # stops after another rank died prints it in some runs and not others).
 _LOG_LINE = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d|^\[rank\d+\]:|^\[[IWE]\d"
                        r"|^terminate called (without an active exception|after throwing)")
+# The lines that follow a log record when it carries a C++ exception: its backtrace (a warning of
+# the store client when the rendezvous store closes first, under load, in some runs and not others).
+_BACKTRACE = re.compile(r"^Exception raised from |^frame #\d+: |^<omitting python frames>$|^$")
+
+
+def _split_logs(lines: list[str]) -> tuple[list[str], list[str]]:
+    """(a worker's prints, the log records with the backtrace lines that follow one)."""
+    prints, logs, in_log = [], [], False
+    for line in lines:
+        in_log = bool(_LOG_LINE.match(line)) or (in_log and bool(_BACKTRACE.match(line)))
+        (logs if in_log else prints).append(line)
+    return prints, logs
 
 
 def is_log_line(line: str) -> bool:
@@ -183,10 +195,8 @@ def _finish(processes: list[subprocess.Popen], commands: list[list[str]],
             kill_tree(p)  # any worker an agent left behind
     results = []
     for command, process, out in zip(commands, processes, outputs, strict=True):
-        lines = out.splitlines()
-        logs = [ln for ln in lines if _LOG_LINE.match(ln)]
-        results.append(TorchrunResult(command, process.returncode,
-                                      [ln for ln in lines if not _LOG_LINE.match(ln)], logs))
+        prints, logs = _split_logs(out.splitlines())
+        results.append(TorchrunResult(command, process.returncode, prints, logs))
     return results
 
 
