@@ -17,14 +17,17 @@ A :class:`Timeline` records when each of these happens on a rank (the notebook d
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
-from collections.abc import Iterable
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from .buckets import assign_buckets, fill_buckets
 
 __all__ = ["DDPByHand", "Event", "Timeline", "assign_buckets", "average_gradients",
            "broadcast_from_rank_0"]
@@ -89,35 +92,6 @@ def average_gradients(model: nn.Module, timeline: Timeline | None = None) -> Non
         param.grad /= world_size
 
 
-def assign_buckets(parameters: Iterable[nn.Parameter],
-                   bucket_cap_mb: float | None) -> list[list[nn.Parameter]]:
-    """The buckets of step 3: ``parameters`` in reverse order (the order in which backward
-    produces their gradients), each bucket filled until it reaches ``bucket_cap_mb`` MiB (2**20
-    bytes), DDP's rule.
-
-    A parameter always joins the current bucket; the bucket closes as soon as its size has reached
-    the cap, so a bucket can pass the cap by its last parameter, and a parameter larger than the cap
-    closes the bucket it lands in. A parameter is never split. ``None``: every parameter in a bucket
-    of its own (step 2). Torch's DDP applies the same rule (an explicit ``bucket_cap_mb`` caps its
-    first bucket too, in torch 2.13), but by default it sends its first step's gradients in one
-    bucket and then rebuilds its buckets in the order the gradients arrived, and it keeps buckets of
-    different dtypes or devices apart.
-    """
-    cap_bytes = 0 if bucket_cap_mb is None else bucket_cap_mb * 2**20
-    buckets: list[list[nn.Parameter]] = []
-    current: list[nn.Parameter] = []
-    size = 0
-    for param in reversed(list(parameters)):
-        current.append(param)
-        size += param.numel() * param.element_size()
-        if size >= cap_bytes:
-            buckets.append(current)
-            current, size = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
-
-
 class DDPByHand(nn.Module):
     """Data parallelism on the current process group, written by hand (steps 2 and 3).
 
@@ -132,62 +106,111 @@ class DDPByHand(nn.Module):
 
     When it is built, every rank takes rank 0's parameters and buffers. Each parameter that trains
     gets a hook (``register_post_accumulate_grad_hook``) that runs once its gradient is complete in
-    ``.grad``; a parameter used twice (tied weights) appears once in ``module.parameters()`` and its
-    hook runs once, after both contributions are summed, so it is reduced once. A parameter with
-    ``requires_grad=False`` gets no hook and no collective.
+    ``.grad``; a tied weight appears once in ``module.parameters()`` and its hook runs once, after
+    both contributions are summed. A parameter with ``requires_grad=False`` gets no hook.
 
-    ``bucket_cap_mb=None`` (step 2): one asynchronous all-reduce per parameter, of ``.grad`` itself.
-    With a cap (step 3), :func:`assign_buckets` groups the parameters; when a bucket's last gradient
-    arrives, its gradients are copied into the bucket's flat tensor (``torch.cat``; the tensor is
-    made once, when the wrapper is built, so that no step pays for a fresh allocation), that tensor
-    is all-reduced, and ``finish_gradient_synchronization`` copies the averaged values back into
-    each ``.grad``. The other design, DDP's ``gradient_as_bucket_view=True``, makes every ``.grad`` a
-    view of one flat buffer and saves that copy; it is not used here because
-    ``optimizer.zero_grad()`` sets gradients to ``None`` by default, and the next backward pass
-    then creates fresh ones that are no longer views of the buffer. A bucket holding a single
-    parameter is reduced in place, without a copy.
+    **Buckets, launched in sequence.** :func:`assign_buckets` groups the parameters (``None``: a
+    bucket each). All-reduces pair up across ranks in the order they are issued, so every rank must
+    issue the same buckets in the same order, whatever order its gradients arrive in (a layer that
+    runs in a rank-dependent order, as routing or layer drop make it): a hook marks its bucket
+    ready, and the wrapper then starts, in bucket order, every bucket whose turn has come (DDP's
+    reducer does the same: bucket i starts after buckets 0 to i-1). A bucket of several gradients
+    is copied into a flat tensor made once, at construction, and all-reduced;
+    ``finish_gradient_synchronization`` waits, divides by the world size and copies the mean back
+    into each ``.grad``. A bucket of one parameter is reduced in ``.grad`` itself.
 
-    Every rank must produce the same gradients in the same order (the same model and graph), every
-    parameter that trains must get a gradient in each backward pass, as DDP's default
-    (``find_unused_parameters=False``) also assumes, and ``finish_gradient_synchronization`` must
-    follow every ``backward()`` (there is no ``no_sync`` for gradient accumulation): a bucket whose
-    gradients did not all arrive exactly once is never sent, and ``finish_gradient_synchronization``
-    raises ``RuntimeError`` instead of letting the ranks drift apart (DDP raises too). Buckets
-    start in the order they fill, not strictly one after the other as DDP's reducer launches
-    them; buffers are broadcast once, when the wrapper is built (DDP also re-broadcasts them before
-    every forward by default: it matters for BatchNorm's running statistics). ``timeline`` (a
-    :class:`Timeline`) records when each all-reduce starts, finishes and is waited for. The
-    parameters should share one dtype and device (DDP also separates buckets by dtype and device).
+    **Rebuilt once, in the order the gradients arrived.** The first buckets assume that backward
+    produces the gradients in reverse registration order. The first synchronised step records the
+    order in which they really arrived; before the next forward, the wrapper takes rank 0's order
+    (a broadcast) and fills the buckets again in that order, as DDP rebuilds its buckets after its
+    first iteration (``rebuild_buckets=False`` keeps the first ones).
+
+    **Accumulation.** Under ``with ddp_model.no_sync():`` the hooks do nothing and the gradients
+    add up in ``.grad`` on each rank; the first backward outside it all-reduces the sums (DDP's
+    ``no_sync``). Two backward passes without ``no_sync`` are synchronised one after the other, as
+    DDP does: a forward that finds the previous step's all-reduces started and not yet finished
+    finishes them first.
+
+    **Missing gradients.** A parameter that trains and gets no gradient in a backward pass
+    (unused) leaves its bucket incomplete, and the buckets after it are never started:
+    ``finish_gradient_synchronization`` (or, without it, the next forward, where DDP raises)
+    raises ``RuntimeError`` instead of letting the ranks drift apart. DDP's
+    ``find_unused_parameters=True``, which marks such parameters ready, is not written here.
+
+    ``broadcast_buffers`` (default True, as DDP): rank 0's buffers are sent to every rank before
+    each forward (BatchNorm's running statistics). ``timeline`` (a :class:`Timeline`) records when
+    each all-reduce starts, finishes and is waited for. The parameters should share one dtype and
+    device (DDP also separates buckets by dtype and device).
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None,
-                 timeline: Timeline | None = None) -> None:
+                 timeline: Timeline | None = None, *, rebuild_buckets: bool = True,
+                 broadcast_buffers: bool = True) -> None:
         super().__init__()
         self.module = module
         self.timeline = timeline or Timeline(record=False)
         self.world_size = dist.get_world_size()
+        self.bucket_cap_mb = bucket_cap_mb
+        self.broadcast_buffers = broadcast_buffers
         broadcast_from_rank_0(module)
-        trainable = [p for p in module.parameters() if p.requires_grad]
-        self.buckets = assign_buckets(trainable, bucket_cap_mb)
-        self.bucket_of = {param: b for b, bucket in enumerate(self.buckets) for param in bucket}
+        self.trainable = [p for p in module.parameters() if p.requires_grad]
+        self.index_of = {param: i for i, param in enumerate(self.trainable)}
+        self.require_sync = True  # False under no_sync(): the hooks do nothing
+        self.arrival: list[int] | None = [] if rebuild_buckets else None  # the first step's order
+        self._set_buckets(assign_buckets(self.trainable, bucket_cap_mb))
+        for param in self.trainable:
+            param.register_post_accumulate_grad_hook(self._gradient_ready)
+
+    def _set_buckets(self, buckets: list[list[nn.Parameter]]) -> None:
+        self.buckets = buckets
+        self.bucket_of = {param: b for b, bucket in enumerate(buckets) for param in bucket}
         # a flat tensor for each bucket of several parameters, made once and reused every step
         self.flat = [torch.empty(sum(p.numel() for p in bucket), dtype=bucket[0].dtype,
                                  device=bucket[0].device) if len(bucket) > 1 else None
-                     for bucket in self.buckets]
+                     for bucket in buckets]
+        self._reset()
+
+    def _reset(self) -> None:
         self.arrived = [0] * len(self.buckets)  # gradients ready in each bucket, this step
+        self.next_bucket = 0  # the next bucket to start: buckets start in order
         self.in_flight: list[tuple[int, torch.Tensor, Any]] = []  # (bucket, tensor, handle)
-        for param in trainable:
-            param.register_post_accumulate_grad_hook(self._gradient_ready)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if any(self.arrived):  # the last backward's gradients were never synchronised
+            self.finish_gradient_synchronization()
+        if self.arrival and self.require_sync:
+            self._rebuild_buckets()
+        if self.broadcast_buffers:
+            with torch.no_grad():
+                for buffer in self.module.buffers():
+                    dist.broadcast(buffer, src=0)
         return self.module(*args, **kwargs)
 
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside do not all-reduce: the gradients add up in ``.grad``."""
+        before, self.require_sync = self.require_sync, False
+        try:
+            yield
+        finally:
+            self.require_sync = before
+
     def _gradient_ready(self, param: nn.Parameter) -> None:
-        """The hook: ``param.grad`` is complete. Start its bucket's all-reduce if it was the last."""
+        """The hook: ``param.grad`` is complete. Start every bucket whose turn has come."""
+        if not self.require_sync:
+            return
         b = self.bucket_of[param]
-        self.arrived[b] += 1
         if self.arrived[b] == len(self.buckets[b]):
-            self._start_all_reduce(b)
+            raise RuntimeError("a second backward pass reached a bucket before "
+                               "finish_gradient_synchronization() (or a forward) ended the first: "
+                               "accumulate under no_sync(), or synchronise after each backward")
+        self.arrived[b] += 1
+        if self.arrival is not None:
+            self.arrival.append(self.index_of[param])
+        while self.next_bucket < len(self.buckets) and \
+                self.arrived[self.next_bucket] == len(self.buckets[self.next_bucket]):
+            self._start_all_reduce(self.next_bucket)
+            self.next_bucket += 1
 
     def _start_all_reduce(self, b: int) -> None:
         bucket = self.buckets[b]
@@ -199,10 +222,22 @@ class DDPByHand(nn.Module):
         self.timeline.started(handle, b)
         self.in_flight.append((b, flat, handle))
 
+    def _rebuild_buckets(self) -> None:
+        """The buckets again, filled in the order rank 0's gradients arrived in its first step."""
+        order = torch.tensor(self.arrival, dtype=torch.int64, device=self.trainable[0].device)
+        self.arrival = None  # once
+        if len(order) != len(self.trainable):
+            return  # the first step was incomplete (and raised): keep the buckets
+        dist.broadcast(order, src=0)
+        self._set_buckets(fill_buckets([self.trainable[i] for i in order.tolist()], self.bucket_cap_mb))
+
     def finish_gradient_synchronization(self) -> None:
         """After ``backward()``, before ``optimizer.step()``: wait for every all-reduce, in the
-        order they started, and leave each ``.grad`` holding the mean over the ranks."""
+        order they started, and leave each ``.grad`` holding the mean over the ranks (after a
+        backward under ``no_sync()``, nothing to do)."""
         missing = [b for b, bucket in enumerate(self.buckets) if self.arrived[b] != len(bucket)]
+        if not any(self.arrived):
+            return  # no synchronised backward since the last call
         for b, flat, handle in self.in_flight:
             self.timeline.mark("wait_start", b)
             handle.wait()
@@ -212,10 +247,11 @@ class DDPByHand(nn.Module):
             if len(bucket) > 1:
                 for param, mean in zip(bucket, flat.split([p.numel() for p in bucket]), strict=True):
                     param.grad.copy_(mean.view_as(param))
-        self.in_flight = []
-        self.arrived = [0] * len(self.buckets)
+        self._reset()
         if missing:
             names = {p: n for n, p in self.module.named_parameters()}
+            if self.arrival is not None and len(self.arrival) < len(self.trainable):
+                self.arrival = []  # record the order again in the next complete step
             raise RuntimeError(
                 f"buckets {missing} did not get each of their gradients exactly once in this backward "
                 f"pass (first: {[names[p] for p in self.buckets[missing[0]]]}), so they were not "
