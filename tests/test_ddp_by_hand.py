@@ -15,6 +15,7 @@ from course_utils.ddp.by_hand_runs import lesson_model, train_one_process, train
 from course_utils.ddp.by_hand_timing import (
     comm_heavy_model,
     draw_timelines,
+    overlap_counts,
     timeline_intervals,
     timelines_rank,
 )
@@ -308,23 +309,29 @@ def test_train_versions_runs_each_version_in_one_group_with_the_options_given():
                        ranks[1]["bucketed", CAPS["a few"]]["params"]["6.bias"])
 
 
-def test_timelines_rank_records_one_step_of_each_version_and_draws_it():
+def test_timelines_rank_records_the_last_steps_of_each_version_and_draws_one():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ranks = launch(timelines_rank, 2, 32, 4, 0.004, 2, echo=False, backend="gloo")
+    ranks = launch(timelines_rank, 2, 32, 4, 0.004, 3, 2, echo=False, backend="gloo")
     params = list(comm_heavy_model(32).parameters())
     for rank in ranks:
         assert list(rank) == ["after_backward", "per_parameter", "bucketed"]
-        for version, events in rank.items():
-            whats = [e.what for e in events]
-            assert whats.count("backward_start") == 1  # the last step only
-            expected = len(assign_buckets(params, 0.004)) if version == "bucketed" else len(params)
-            assert whats.count("all_reduce_start") == expected, version
-            assert whats.count("wait_end") == (0 if version == "after_backward" else expected)
-    fig = draw_timelines({v: [r[v] for r in ranks] for v in ranks[0]}, "title")
+        for version, steps in rank.items():
+            assert len(steps) == 2  # the last two of three steps
+            for events in steps:
+                whats = [e.what for e in events]
+                assert whats.count("backward_start") == 1
+                expected = len(assign_buckets(params, 0.004)) if version == "bucketed" else len(params)
+                assert whats.count("all_reduce_start") == expected, version
+                assert whats.count("wait_end") == (0 if version == "after_backward" else expected)
+                counts = overlap_counts(events)
+                assert counts["total"] == expected and 0 <= counts["done"] <= counts["issued"] <= expected
+                # after backward issues nothing before backward ends; the hooks issue every one
+                assert counts["issued"] == (0 if version == "after_backward" else expected), version
+    fig = draw_timelines({v: [r[v][-1] for r in ranks] for v in ranks[0]}, "title")
     assert len(fig.axes) == 3 and fig.axes[0].get_title(loc="left") == "after backward"
     plt.close(fig)
 

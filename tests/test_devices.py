@@ -265,7 +265,12 @@ CASES = {
     "ddp.by_hand_timing.step_times_rank": (2, (64, 8, 0.01, 1)),
     "ddp.by_hand_runs.train_versions": (2, ([("per_parameter", None), ("bucketed", 0.001),
                                              ("torch_ddp", None)], {"steps": 1, "tied": True})),
-    "ddp.by_hand_timing.timelines_rank": (2, (32, 4, 0.01, 1)),
+    "ddp.by_hand_timing.timelines_rank": (2, (32, 4, 0.01, 2, 1)),
+    "ddp.by_hand_trials.trial_rank": (2, ("lesson", "no_sync", 0.0005, 1)),
+    "ddp.by_hand_trials.trials_rank": (2, ([("routed", "steps", None)], 1)),
+    "ddp.by_hand_trials.routed_orders_rank": (2, ()),
+    "ddp.by_hand_trials.torch_bucket_counts_rank": (2, (32, 0.01)),
+    "ddp.by_hand_trials.comm_hook_rank": (2, (1,)),
 }
 #: Rank functions that cannot finish under the audit, and why that is safe.
 EXEMPT = {

@@ -47,31 +47,34 @@ def test_every_way_of_waiting_counts_and_a_handle_never_waited_for_does_not():
         assert sent == [[1.0] * 4] * len(sent)
 
 
-@pytest.mark.parametrize("answer", [4, 4.0, np.int64(4), np.float32(4), torch.tensor(4), torch.tensor(4.0)])
-def test_06_3_accepts_any_whole_number(answer):
+@pytest.mark.parametrize("answer", [(4, 2), [4.0, 2.0], (np.int64(4), np.float32(2)), torch.tensor([4, 2]),
+                                    (torch.tensor(4), Fraction(2)), np.array([4, 2])])
+def test_06_3_accepts_any_pair_of_whole_numbers(answer):
     assert nb06._judge_bucket_count(answer) is None
 
 
-NOT_A_COUNT = [float("inf"), -math.inf, math.nan, np.float64("inf"), 4.5, "4", None, [4], True, np.True_,
-               torch.tensor(True), torch.tensor([4, 4]), 4 + 0j, 10**400, 1e300, -3, Fraction(10**400, 3)]
+NOT_COUNTS = [4, (4,), (4, 2, 1), (float("inf"), 2), (-math.inf, 2), (math.nan, 2), (4.5, 2), ("4", "2"),
+              None, [[4, 2]], (True, 2), (np.True_, 2), torch.tensor([[4, 2]]), (4 + 0j, 2), (10**400, 2),
+              (1e300, 2), (-3, 2), (Fraction(10**400, 3), 2), "42"]
 
 
-@pytest.mark.parametrize("answer", NOT_A_COUNT)
+@pytest.mark.parametrize("answer", NOT_COUNTS, ids=repr)
 def test_06_3_answers_anything_else_with_a_hint(answer):
     hint = nb06._judge_bucket_count(answer)
     assert isinstance(hint, str) and hint, (answer, hint)
 
 
-def test_06_3_asks_a_cap_whose_mistakes_all_differ():
-    """The right count and the counts of the usual mistakes are six different numbers."""
-    from course_utils.ddp.by_hand import assign_buckets
+def test_06_3_asks_caps_where_every_look_alike_rule_parts_from_ddps():
+    """At each cap, some look-alike rule gives DDP's count (at 0.75 MiB two of them give 4); over the
+    two caps every rule's pair differs from the right one, and each gets its own hint."""
+    from course_utils.ddp.buckets import assign_buckets
     from course_utils.ddp.by_hand_timing import comm_heavy_model
 
     params = list(comm_heavy_model(nb06.BUCKET_WIDTH).parameters())
-    cap = nb06.BUCKET_CAP_MB * 2**20
-    total = sum(p.numel() * p.element_size() for p in params)
-    counts = {"right": len(assign_buckets(params, nb06.BUCKET_CAP_MB)), "per parameter": len(params),
-              "per layer": sum(p.dim() == 2 for p in params),
-              "never past the cap": nb06._old_rule_count(params, cap),
-              "size / cap, rounded up": math.ceil(total / cap), "one": 1}
-    assert len(set(counts.values())) == len(counts), counts
+    right = tuple(len(assign_buckets(params, cap)) for cap in nb06.BUCKET_CAPS_MB)
+    rules = [nb06.look_alike_rules(params, cap) for cap in nb06.BUCKET_CAPS_MB]
+    pairs = {name: tuple(r[name] for r in rules) for name in rules[0]}
+    assert any(pair[0] == right[0] for pair in pairs.values())  # the lesson's size alone cannot tell
+    for name, pair in pairs.items():
+        assert pair != right, name
+        assert nb06._judge_bucket_count(pair) is not None, name

@@ -25,7 +25,8 @@ from ..models import seeded
 from .by_hand import DDPByHand, Event, Timeline, average_gradients
 from .by_hand_runs import VERSIONS
 
-__all__ = ["comm_heavy_model", "draw_timelines", "step_times_rank", "timeline_intervals", "timelines_rank"]
+__all__ = ["comm_heavy_model", "draw_timelines", "overlap_counts", "step_times_rank", "timeline_intervals",
+           "timelines_rank"]
 
 
 def timeline_intervals(events: Sequence[Event], t0: float | None = None) -> dict[str, list[tuple]]:
@@ -88,21 +89,23 @@ def draw_timelines(per_version: dict[str, list[Sequence[Event]]], title: str = "
 
 
 def timelines_rank(rank: int, world_size: int, width: int, rows: int, bucket_cap_mb: float,
-                   steps: int = 3) -> dict[str, list[Event]]:
-    """The events of the last of ``steps`` training steps of ``comm_heavy_model(width)`` under each
-    version by hand (``rows`` rows per rank; the bucketed one with ``bucket_cap_mb``), one version
-    after the other, for notebook 06's timeline. The earlier steps warm up."""
+                   steps: int = 3, recorded: int = 1) -> dict[str, list[list[Event]]]:
+    """The events of the last ``recorded`` of ``steps`` training steps of ``comm_heavy_model(width)``
+    under each version by hand (``rows`` rows per rank; the bucketed one with ``bucket_cap_mb``),
+    one version after the other, for notebook 06's timeline: per version, one list of events per
+    recorded step. The earlier steps warm up."""
     device = rank_device()
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(rows, width, generator=g).to(device)
     y = torch.randint(0, 10, (rows,), generator=g).to(device)
-    result = {}
+    result: dict[str, list[list[Event]]] = {}
     for version in VERSIONS[:3]:
         model = comm_heavy_model(width).to(device)
         ddp_model = model if version == "after_backward" else \
             DDPByHand(model, bucket_cap_mb if version == "bucketed" else None)
+        result[version] = []
         for step in range(steps):
-            timeline = Timeline(record=step == steps - 1)
+            timeline = Timeline(record=step >= steps - recorded)
             ddp_model.timeline = timeline  # the wrapper marks its all-reduces on it
             model.zero_grad()
             dist.barrier()
@@ -114,10 +117,21 @@ def timelines_rank(rank: int, world_size: int, width: int, rows: int, bucket_cap
                 average_gradients(model, timeline)
             else:
                 ddp_model.finish_gradient_synchronization()
-        result[version] = timeline.events
+            if timeline.record:
+                result[version].append(timeline.events)
         ddp_model = model = None
     gc.collect()
     return result
+
+
+def overlap_counts(events: Sequence[Event]) -> dict[str, int]:
+    """What one step's events show of overlap: how many all-reduces were ``issued`` before backward
+    ended (started during the backward pass), how many were ``done`` before it ended (sent while
+    backward still computed: overlap shown, not assumed), of ``total``."""
+    end = next(e.t for e in events if e.what == "backward_end")
+    return {"issued": sum(e.what == "all_reduce_start" and e.t < end for e in events),
+            "done": sum(e.what == "all_reduce_done" and e.t < end for e in events),
+            "total": sum(e.what == "all_reduce_start" for e in events)}
 
 
 def comm_heavy_model(width: int, layers: int = 4) -> nn.Module:
@@ -135,10 +149,11 @@ def comm_heavy_model(width: int, layers: int = 4) -> nn.Module:
 
 def step_times_rank(rank: int, world_size: int, width: int, rows: int, bucket_cap_mb: float,
                     rounds: int) -> dict[str, Any]:
-    """Median seconds of one training step under each of ``VERSIONS``, measured side by side:
-    every round times one step of each version in turn, after a barrier, on ``comm_heavy_model``
-    (``rows`` rows per rank). Both bucketed versions use ``bucket_cap_mb``; the first round warms up.
-    Also returns how many buckets each bucketed version made."""
+    """Seconds of one training step under each of ``VERSIONS``, measured side by side: every round
+    times one step of each version in turn, after a barrier, on ``comm_heavy_model`` (``rows`` rows
+    per rank). Both bucketed versions use ``bucket_cap_mb``; the first round warms up. Returns
+    ``step_s`` (the median per version), ``rounds_s`` (every round's seconds per version, for the
+    spread) and how many buckets each bucketed version made."""
     device = rank_device()
     models = {v: comm_heavy_model(width).to(device) for v in VERSIONS}
     wrapped = {"after_backward": models["after_backward"],
@@ -168,7 +183,7 @@ def step_times_rank(rank: int, world_size: int, width: int, rows: int, bucket_ca
             if i:
                 seconds[version].append(time.perf_counter() - start)
     ddp_buckets = wrapped["torch_ddp"]._get_ddp_logging_data().get("num_buckets_reduced")
-    result = {"step_s": {v: statistics.median(s) for v, s in seconds.items()},
+    result = {"step_s": {v: statistics.median(s) for v, s in seconds.items()}, "rounds_s": seconds,
               "buckets": {"bucketed": len(wrapped["bucketed"].buckets), "torch_ddp": ddp_buckets}}
     wrapped = optimizers = models = None  # DDP gone before the process group (gloo's clean exit)
     gc.collect()

@@ -31,7 +31,9 @@ from ..faults.snapshots import state_copy
 from ..models import seeded
 from .by_hand import DDPByHand
 
-__all__ = ["TRIALS", "Routed", "defined_out_of_order", "trial_model", "trial_rank"]
+__all__ = ["TRIALS", "FillOrderDDP", "Routed", "comm_hook_rank", "defined_out_of_order",
+           "divide_then_all_reduce", "routed_orders_rank", "torch_bucket_counts_rank", "trial_model",
+           "trial_rank", "trials_rank"]
 
 #: how each trial trains: plain steps; accumulation of 3 micro-batches with no_sync on the first 2;
 #: two backward passes before each step without no_sync; a step in which one layer is left out
@@ -164,3 +166,101 @@ def trial_rank(rank: int, world_size: int, model_name: str, trial: str, bucket_c
         wrapped = model = None  # DDP gone before the process group (gloo's clean exit)
         gc.collect()
     return result
+
+
+def trials_rank(rank: int, world_size: int, cases: list[tuple[str, str, float | None]],
+                steps: int = 3) -> dict[tuple[str, str, float | None], dict[str, Any]]:
+    """:func:`trial_rank` for each ``(model, trial, bucket_cap_mb)`` of ``cases``, in this one group."""
+    return {tuple(case): trial_rank(rank, world_size, *case, steps=steps) for case in cases}
+
+
+class FillOrderDDP(DDPByHand):
+    """The hazard, for the lesson: each bucket starts as soon as it is full, in the order its
+    gradients arrived on this rank (what ``DDPByHand`` does not do)."""
+
+    def _gradient_ready(self, param: nn.Parameter) -> None:
+        b = self.bucket_of[param]
+        self.arrived[b] += 1
+        if self.arrived[b] == len(self.buckets[b]):
+            self._start_all_reduce(b)
+
+
+def routed_orders_rank(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
+    """One backward pass of :class:`Routed` (its two layers in a rank-dependent order) under
+    :class:`FillOrderDDP`, ``DDPByHand`` and torch's DDP, a bucket per parameter: for each, the
+    parameters in the order this rank issued their all-reduces (torch's: not observable, None)
+    and the averaged gradients."""
+    found = {}
+    for name, wrap in (("fill order", FillOrderDDP), ("by hand", DDPByHand), ("torch DDP", None)):
+        model = trial_model("routed", rank).to(rank_device())
+        wrapped = wrap(model, None, rebuild_buckets=False) if wrap else wrap_ddp(model, rank_device())
+        issued: list[str] = []
+        if wrap:
+            start, names = wrapped._start_all_reduce, {p: n for n, p in model.named_parameters()}
+
+            def counted(b: int, start: Any = start, w: Any = wrapped, issued: list[str] = issued,
+                        names: dict = names) -> None:
+                issued.append(names[w.buckets[b][0]])
+                start(b)
+
+            wrapped._start_all_reduce = counted
+        x, y = _inputs(2, rank, 0, 0)
+        F.mse_loss(wrapped(x.to(rank_device())), y.to(rank_device())).backward()
+        getattr(wrapped, "finish_gradient_synchronization", lambda: None)()
+        found[name] = {"issued": issued if wrap else None,
+                       "grads": {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()}}
+        dist.barrier()
+        wrapped = model = None
+        gc.collect()
+    return found
+
+
+def torch_bucket_counts_rank(rank: int, world_size: int, width: int, cap: float) -> dict[str, int]:
+    """How many buckets torch's DDP reduces per step on ``comm_heavy_model(width)`` with
+    ``bucket_cap_mb=cap``, after three steps: by default (rebuilt after the first step in the order
+    the gradients arrived) and with ``find_unused_parameters=True`` (as built, never rebuilt)."""
+    from .by_hand_timing import comm_heavy_model
+
+    counts = {}
+    for label, unused in (("default", False), ("find_unused_parameters=True", True)):
+        model = wrap_ddp(comm_heavy_model(width).to(rank_device()), rank_device(), bucket_cap_mb=cap,
+                         find_unused_parameters=unused)
+        for _ in range(3):
+            x = torch.randn(4, width, device=rank_device())
+            F.cross_entropy(model(x), torch.zeros(4, dtype=torch.long, device=rank_device())).backward()
+        counts[label] = model._get_ddp_logging_data().get("num_buckets_reduced")
+        model = None
+        gc.collect()
+    dist.barrier()
+    return counts
+
+
+def divide_then_all_reduce(state, bucket):  # no annotations: DDP checks them against its own types
+    """A communication hook: DDP hands it a ``dist.GradBucket`` of this rank's gradients, flattened
+    (``bucket.buffer()``); it returns a future of the bucket's new values (here, the mean)."""
+    flat = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(flat, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+def comm_hook_rank(rank: int, world_size: int, steps: int = 3) -> dict[str, dict[str, torch.Tensor]]:
+    """``lesson_model`` trained under torch's DDP as it is and with :func:`divide_then_all_reduce`
+    registered as its communication hook (``register_comm_hook``): both models' parameters."""
+    from .by_hand_runs import LR, lesson_batches, lesson_model
+
+    found = {}
+    for label in ("default", "comm hook"):
+        model = lesson_model(tied=True, frozen=True).to(rank_device())
+        ddp_model = wrap_ddp(model, rank_device(), bucket_cap_mb=0.0003)
+        if label == "comm hook":
+            ddp_model.register_comm_hook(None, divide_then_all_reduce)
+        optimizer = torch.optim.SGD(ddp_model.parameters(), lr=LR, momentum=0.9)
+        for x, y in lesson_batches(steps):
+            xr, yr = x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]
+            optimizer.zero_grad()
+            F.mse_loss(ddp_model(xr.to(rank_device())), yr.to(rank_device())).backward()
+            optimizer.step()
+        found[label] = state_copy(model)
+        ddp_model = optimizer = model = None
+        gc.collect()
+    dist.barrier()
+    return found

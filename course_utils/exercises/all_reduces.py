@@ -24,7 +24,10 @@ def all_reduces_watched() -> Iterator[list[dict]]:
     """On a rank: one record per all-reduce the block runs on a process group, whatever name the
     code called it by: ``numel`` (the elements handed in), ``ptrs`` (where they are), ``sent`` (a
     copy of their values, flattened, when the all-reduce started), ``work`` (the handle the group
-    returned) and ``waited`` (how many times the block waited for it, updated as the block goes on).
+    returned), ``waited`` (how many times the block waited for it, updated as the block goes on)
+    and ``touched``: whether the code wrote into one of its tensors (an in-place division, say)
+    between the start and the first wait, while the backend could still be reading or writing it
+    (autograd's version counter moved; the backend's own writes do not move it).
 
     Every way of waiting counts: ``wait()`` on the handle (a blocking all-reduce calls it itself),
     ``wait()`` on one of its futures (``get_future()``, or a future chained to one with ``then()``),
@@ -49,6 +52,9 @@ def all_reduces_watched() -> Iterator[list[dict]]:
 
     def waited(found: list[dict] | None) -> None:
         for record in found or ():
+            if not record["waited"]:  # the first wait: was a tensor written while the all-reduce ran?
+                record["touched"] = any(t._version != v for t, v in zip(record["tensors"], record["versions"],
+                                                                         strict=True))
             record["waited"] += 1
 
     def on_futures(futures: list[Any], found: list[dict]) -> None:
@@ -121,7 +127,8 @@ def all_reduces_watched() -> Iterator[list[dict]]:
             sent = torch.cat([t.detach().flatten() for t in handed]).clone() if handed else torch.zeros(0)
             work = original(self, tensors, *args, **kwargs)
             record = {"numel": sum(t.numel() for t in handed), "ptrs": [t.data_ptr() for t in handed],
-                      "sent": sent, "work": work, "waited": 0}  # the record keeps the handle: its id stays
+                      "sent": sent, "work": work, "waited": 0,  # the record keeps the handle: its id stays
+                      "tensors": handed, "versions": [t._version for t in handed], "touched": False}
             records.append(record)
             by_work[id(work)] = record
             if (type(work), "wait") not in held:

@@ -12,19 +12,17 @@ happened at all. A blocking all-reduce waits inside the call, so it counts as wa
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
-import torch
-
+from .answers import reals, whole
 from .core import load_bank, untimed
 from .nb06_ranks import HOOK_STEPS, average_rank, hooks_rank
 from .on_ranks import hint_from_ranks
 
 __all__ = ["CASES", "EXERCISES"]
 
-#: 06.3: the model whose buckets the learner counts (``comm_heavy_model(WIDTH)``) and the cap (MB)
-BUCKET_WIDTH, BUCKET_CAP_MB = 512, 0.75
+#: 06.3: the model whose buckets the learner counts (``comm_heavy_model(WIDTH)``) and the caps (MiB)
+BUCKET_WIDTH, BUCKET_CAPS_MB = 512, (0.75, 1.5)
 #: 06.1's and 06.2's world sizes (06.2 trains HOOK_STEPS SGD steps in each)
 WORLDS = (2, 3, 4)
 
@@ -32,36 +30,17 @@ CASES: dict[str, list[str]] = {
     "06.1": [f"world_size={n}, lesson_model with a tied weight and a frozen one, each rank its own rows"
              for n in WORLDS],
     "06.2": [f"world_size={n}, ranks seeded differently, a tied weight and a frozen one, "
-             f"{HOOK_STEPS} SGD steps against one process" for n in WORLDS],
-    "06.3": [f"comm_heavy_model({BUCKET_WIDTH}), bucket_cap_mb={BUCKET_CAP_MB}"],
+             f"{HOOK_STEPS} SGD steps against one process; then two layers of one shape in an order that "
+             "depends on the rank" for n in WORLDS],
+    "06.3": [f"comm_heavy_model({BUCKET_WIDTH}), bucket_cap_mb={cap}" for cap in BUCKET_CAPS_MB],
 }
 
 
 # ---------------------------------------------------------------- 06.3: how many buckets
 
-def _whole_number(answer: Any) -> int | None:
-    """``answer`` as a whole number (an int, a numpy integer, a float or a one-value tensor holding a
-    whole number), or None."""
-    if isinstance(answer, torch.Tensor):
-        if answer.numel() != 1 or answer.dtype == torch.bool or answer.is_complex():
-            return None
-        answer = answer.item()
-    if isinstance(answer, bool):
-        return None
-    if isinstance(answer, numbers.Integral):
-        return int(answer)
-    if isinstance(answer, numbers.Real):
-        try:
-            value = float(answer)
-        except (OverflowError, ValueError):  # a fraction too large for a float: no count of buckets
-            return None
-        return int(value) if math.isfinite(value) and value.is_integer() else None
-    return None
-
-
-def _old_rule_count(params: list, cap: float) -> int:
+def _never_past(params: list, cap: float) -> int:
     """The buckets when a bucket never passes the cap (a parameter that would take it past opens the
-    next one): the rule this course used before it took DDP's."""
+    next one)."""
     count, size = 0, 0
     for p in reversed(params):
         nbytes = p.numel() * p.element_size()
@@ -71,41 +50,69 @@ def _old_rule_count(params: list, cap: float) -> int:
     return count
 
 
+def look_alike_rules(params: list, cap_mb: float) -> dict[str, int]:
+    """What the rules a learner may apply instead of DDP's give at ``cap_mb`` (the hint of each)."""
+    from ..ddp.buckets import ddp_construction_buckets
+
+    cap = cap_mb * 2**20
+    total = sum(p.numel() * p.element_size() for p in params)
+    return {"as built": len(ddp_construction_buckets(params, cap_mb)), "per parameter": len(params),
+            "per layer": sum(p.dim() == 2 for p in params), "never past": _never_past(params, cap),
+            "size up": math.ceil(total / cap), "size down": math.floor(total / cap),
+            "at least the cap": sum(p.numel() * p.element_size() >= cap for p in params),
+            "whole MiB": round(total / 2**20)}
+
+
+_RULE_HINTS = {
+    "as built": ("that is how DDP assigns buckets when it is built (the parameters in registration order, "
+                 "the list of buckets then reversed), which it keeps with find_unused_parameters=True; "
+                 "assign_buckets walks the gradients in the order they arrive, last layer first, as DDP's "
+                 "rebuild after the first iteration does"),
+    "per parameter": ("that is one bucket per parameter, what no cap at all gives: with a cap, gradients "
+                      "share a bucket until it has reached the cap"),
+    "per layer": ("that is one bucket per layer: a bucket knows nothing of layers; it holds gradients, "
+                  "counted in bytes, taken last parameter first, until they reach the cap"),
+    "never past": ("that keeps every bucket within the cap: a bucket closes only once it has reached the "
+                   "cap, so its last parameter may take it past, and a parameter larger than the cap shares "
+                   "its bucket with the ones before it"),
+    "size up": ("that divides the model's size by the cap, as if the buckets were filled exactly to the "
+                "cap: a parameter is never split, so a bucket holds whole gradients and usually ends past "
+                "the cap"),
+    "at least the cap": ("that counts the parameters at least as large as the cap: a bucket holds every "
+                         "gradient walked until it reaches the cap, the small ones too"),
+    "whole MiB": ("that is the model's size in MiB, which does not depend on the cap: the number of "
+                  "buckets does (compare your two answers)"),
+}
+_RULE_HINTS["size down"] = _RULE_HINTS["size up"]
+
+
 def _judge_bucket_count(answer: Any) -> str | None:
-    count = _whole_number(answer)
-    if count is None:
-        return "write the number of buckets, a whole number"
-    from ..ddp.by_hand import assign_buckets
+    values = reals(answer, length=len(BUCKET_CAPS_MB))
+    counts = None if values is None else [whole(v) for v in values]
+    if counts is None or None in counts:
+        return (f"write the two numbers of buckets, at bucket_cap_mb={BUCKET_CAPS_MB[0]} and then at "
+                f"{BUCKET_CAPS_MB[1]}, as two whole numbers in a tuple")
+    from ..ddp.buckets import assign_buckets
     from ..ddp.by_hand_timing import comm_heavy_model
 
     with untimed():  # the course's own reference
         params = list(comm_heavy_model(BUCKET_WIDTH).parameters())
-    right = len(assign_buckets(params, BUCKET_CAP_MB))
-    cap = BUCKET_CAP_MB * 2**20
-    total = sum(p.numel() * p.element_size() for p in params)
-    weights = [p for p in params if p.dim() == 2]
-    if count == right:
+    right = [len(assign_buckets(params, cap)) for cap in BUCKET_CAPS_MB]
+    if counts == right:
         return None
-    if count == len(params):
-        return ("that is one bucket per parameter, what no cap at all gives: with a cap, gradients share "
-                "a bucket until it has reached the cap")
-    if count == len(weights):
-        return ("that is one bucket per layer (or the parameters walked in the order they were "
-                "registered): a bucket knows nothing of layers; it holds gradients, counted in bytes, "
-                "taken from the last parameter registered to the first, until they reach the cap")
-    if count == _old_rule_count(params, cap):
-        return ("that keeps every bucket within the cap: a bucket closes only once it has reached the "
-                "cap, so its last parameter may take it past the cap, and a parameter larger than the "
-                "cap shares its bucket with the ones before it")
-    if count in (math.floor(total / cap), math.ceil(total / cap)):
-        return ("that divides the model's size by the cap, as if the buckets were filled exactly to the "
-                "cap: a parameter is never split, so a bucket holds whole gradients and usually ends "
-                "past the cap")
-    if count <= 1:
-        return "the model's gradients take more bytes than the cap: more than one bucket is needed"
-    return ("walk the parameters from the last one registered to the first (the order backward produces "
-            "their gradients), adding each one's bytes (four per float32 value, the biases too) to the "
-            "current bucket, and close the bucket as soon as it has reached the cap")
+    rules = [look_alike_rules(params, cap) for cap in BUCKET_CAPS_MB]
+    for name, hint in _RULE_HINTS.items():  # a rule that gives both answers (first, the likeliest)
+        if counts == [r[name] for r in rules]:
+            return hint
+    if counts[::-1] == right:
+        return "the two counts are swapped: the first is at 0.75 MiB, the second at 1.5 MiB (fewer buckets)"
+    if min(counts) <= 1:
+        return "the model's gradients take more bytes than either cap: more than one bucket each time"
+    wrong = next(i for i in range(len(right)) if counts[i] != right[i])
+    return (f"the count at {BUCKET_CAPS_MB[wrong]} MiB is not what DDP's rule gives: walk the parameters "
+            "from the last one registered to the first (the order backward produces their gradients), "
+            "adding each one's bytes (four per float32 value, the biases too) to the current bucket, and "
+            "close the bucket as soon as it has reached the cap")
 
 
 # ---------------------------------------------------------------- 06.1 and 06.2 on every world size

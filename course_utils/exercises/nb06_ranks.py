@@ -12,6 +12,7 @@ import torch
 
 from .all_reduces import all_reduces_watched
 from .core import untimed
+from .nb06_hints import FILL_ORDER, TOUCHED, carries_gradients, frozen_hint, grad_hint
 
 __all__ = ["HOOK_STEPS", "average_rank", "hooks_rank"]
 
@@ -21,38 +22,6 @@ HOOK_STEPS = 3
 
 def _rank_batch(rank: int, world_size: int, x: torch.Tensor, y: torch.Tensor) -> tuple:
     return x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]
-
-
-def _frozen_hint(err: Exception) -> str | None:
-    text = str(err)
-    if "NoneType" in text or "doesn't require gradient" in text or "does not require grad" in text:
-        return ("a parameter with requires_grad=False has no gradient (its .grad stays None) and takes no "
-                "part in the averaging: leave the parameters that do not train alone")
-    return None
-
-
-def _grad_hint(got: torch.Tensor, mean: torch.Tensor, own: torch.Tensor, world_size: int) -> str | None:
-    """What is wrong with a gradient that should be ``mean`` (``own``: this rank's, before)."""
-    close = lambda a, b: torch.allclose(a, b, rtol=1e-4, atol=1e-6)  # noqa: E731
-    if close(got, mean):
-        return None
-    if close(got, mean * world_size):
-        return ("each gradient holds the sum over the ranks: DDP averages, so that N ranks train as one "
-                "process on the whole batch")
-    if close(got, mean / world_size):
-        return "each gradient holds the mean divided once more: divide the sum by the world size once"
-    if close(got, own):
-        return ("each gradient is still this rank's own: nothing reached the other ranks; all_reduce "
-                "writes the sum into the tensor it is handed, so reducing a temporary (a quotient, a "
-                "copy) loses the sum")
-    if close(got, own / world_size):
-        return ("each gradient is this rank's own, divided: all_reduce writes the sum into the tensor it "
-                "is handed, so reducing a temporary (a quotient, a copy) loses the sum")
-    ratio = (mean * world_size @ got / (got @ got).clamp_min(1e-30)).item()
-    if close(got * ratio, mean * world_size):
-        return ("each gradient is the sum divided by a fixed number, not by the world size: this check "
-                "runs on several world sizes")
-    return "the gradients are not the mean of the ranks' gradients"
 
 
 # ---------------------------------------------------------------- 06.1: average_gradients
@@ -80,11 +49,12 @@ def average_rank(rank: int, world_size: int, answer: Any) -> str | None:
     F.mse_loss(model(xr), yr).backward()
     params = list(model.parameters())
     values = [p.detach().clone() for p in params]
+    grad_ptrs = {p.grad.data_ptr() for p in params if p.grad is not None}
     try:
         with all_reduces_watched() as reduced:
             answer(model)
     except Exception as err:  # noqa: BLE001 - a frozen parameter's None gradient gets its hint
-        hint = _frozen_hint(err)
+        hint = frozen_hint(err)
         if hint is None:
             raise
         return hint
@@ -94,11 +64,18 @@ def average_rank(rank: int, world_size: int, answer: Any) -> str | None:
         return ("average_gradients returned before waiting for an all-reduce it started: until its "
                 "handle is waited for, an asynchronous all-reduce may not have finished, and the gradient "
                 "may not hold the sum yet when the optimizer reads it")
+    if any(r["touched"] for r in reduced):
+        return TOUCHED
     where = {p.data_ptr() for p in params}
     if any(ptr in where for r in reduced for ptr in r["ptrs"]) or any(
             not torch.equal(p.detach(), v) for p, v in zip(params, values, strict=True)):
         return ("the parameters themselves went through all-reduce or changed: average_gradients changes "
                 "the gradients only; the optimizer's step changes the parameters afterwards")
+    own = [g for g in every[rank] if g is not None]
+    if not all(carries_gradients(r, grad_ptrs, own, world_size) for r in reduced):
+        return ("something other than the gradients went through all-reduce: the mean the optimizer "
+                "needs comes from all-reducing the gradients themselves (each .grad, or this rank's "
+                "gradients copied into one flat tensor)")
     trainable = [p for p in params if p.requires_grad]
     expected = sum(p.numel() for p in trainable)
     sent = sum(r["numel"] for r in reduced)
@@ -114,7 +91,7 @@ def average_rank(rank: int, world_size: int, answer: Any) -> str | None:
     for p, mean, own in zip(params, means, every[rank], strict=True):
         if mean is None:
             continue
-        hint = _grad_hint(p.grad.flatten(), mean.flatten(), own.flatten(), world_size)
+        hint = grad_hint(p.grad.flatten(), mean.flatten(), own.flatten(), world_size)
         if hint is not None:
             return hint
     if sent < expected:
@@ -141,7 +118,7 @@ def hooks_rank(rank: int, world_size: int, answer: Any) -> str | None:
         with all_reduces_watched() as reduced:
             ddp_model = answer(model)
     except RuntimeError as err:
-        hint = _frozen_hint(err)
+        hint = frozen_hint(err)
         if hint is None:
             raise
         return hint
@@ -175,15 +152,17 @@ def hooks_rank(rank: int, world_size: int, answer: Any) -> str | None:
             try:
                 ddp_model.finish_gradient_synchronization()
             except TypeError as err:
-                hint = _frozen_hint(err)
+                hint = frozen_hint(err)
                 if hint is None:
                     raise
                 return hint
         if not during:
             return ("no all-reduce started during the backward pass: each parameter's hook must start the "
                     "all-reduce of its gradient as soon as it is ready")
+        if any(r["touched"] for r in reduced):
+            return TOUCHED
         grads = {p.grad.data_ptr() for p in model.parameters() if p.grad is not None}
-        if not all(_is_gradient(r, grads, own, world_size) for r in reduced[:len(during)]):
+        if not all(carries_gradients(r, grads, own, world_size) for r in reduced[:len(during)]):
             return ("the hooks all-reduced something other than the gradients during the backward pass: "
                     "each hook must all-reduce its parameter's gradient itself, the tensor in .grad, which "
                     "all_reduce overwrites with the sum")
@@ -206,7 +185,7 @@ def hooks_rank(rank: int, world_size: int, answer: Any) -> str | None:
                     return ("the frozen parameter was given a gradient: leave the parameters that do "
                             "not train alone")
                 continue
-            hint = _grad_hint(p.grad.flatten(), q.grad.flatten(), q.grad.flatten() * math.nan, world_size)
+            hint = grad_hint(p.grad.flatten(), q.grad.flatten(), q.grad.flatten() * math.nan, world_size)
             if hint is not None:
                 return hint
         optimizer.step()
@@ -214,15 +193,47 @@ def hooks_rank(rank: int, world_size: int, answer: Any) -> str | None:
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         if not torch.allclose(p, q, rtol=1e-4, atol=1e-6):
             return "the gradients were right, but the parameters after the steps are not one process's"
+    return _routed(rank, world_size, answer)
+
+
+def _routed(rank: int, world_size: int, answer: Any) -> str | None:
+    """06.2 on a model whose two layers of one shape run in a rank-dependent order (``Routed``): the
+    gradients arrive in another order on odd ranks, and every rank must still start the same
+    all-reduces in the same order; one backward pass against the mean of every rank's gradients."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from ..ddp.by_hand_trials import trial_model
+
+    def batch(r: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(100 + r)
+        return torch.randn(4, 8, generator=g), torch.randn(4, 2, generator=g)
+
+    def grads(r: int) -> dict[str, torch.Tensor]:
+        model = trial_model("routed", r)
+        F.mse_loss(model(batch(r)[0]), batch(r)[1]).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    with untimed():
+        every = [grads(r) for r in range(world_size)]
+    model = trial_model("routed", rank)
+    ddp_model = answer(model)
+    with all_reduces_watched() as reduced:
+        F.mse_loss(ddp_model(batch(rank)[0]), batch(rank)[1]).backward()
+        ddp_model.finish_gradient_synchronization()
+    carried = []  # which parameter each all-reduce carried, in the order they started
+    for record in reduced:
+        found = [n for n, g in every[rank].items() if carries_gradients(record, set(), [g], world_size)]
+        carried.append(found[0] if len(found) == 1 else "?")
+    orders: list[Any] = [None] * world_size
+    dist.all_gather_object(orders, carried)
+    if any(order != orders[0] for order in orders):
+        return FILL_ORDER
+    for name, param in model.named_parameters():
+        mean = sum(e[name] for e in every) / world_size
+        hint = grad_hint(param.grad.flatten(), mean.flatten(), every[rank][name].flatten(), world_size)
+        if hint is not None:
+            return hint
     return None
 
 
-def _is_gradient(record: dict, grads: set[int], own: list[torch.Tensor], world_size: int) -> bool:
-    """Whether an all-reduce (a record of :func:`all_reduces_watched`) reduced a gradient: a tensor that
-    is a parameter's ``.grad``, or whose values were this rank's gradient of a parameter (or that
-    divided by the world size) when it started."""
-    if any(ptr in grads for ptr in record["ptrs"]):
-        return True
-    sent = record["sent"]
-    return any(g.numel() == sent.numel() and (torch.allclose(sent, g, rtol=1e-4, atol=1e-7) or torch.allclose(
-        sent, g / world_size, rtol=1e-4, atol=1e-7)) for g in own)
