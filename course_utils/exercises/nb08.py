@@ -215,17 +215,18 @@ def _resumed(answer: Any, resume_at: int) -> str | None:
         if "optimizer" in loaded:
             optimizer.load_state_dict(loaded["optimizer"])
         rng = loaded.get("rng")
-        if isinstance(rng, int):
+        if whole(rng) is not None:  # a number, however written (answers.py): a seed
             return ("'rng' holds a seed: that says where the random numbers started, not where they "
                     "stand after the steps already taken")
         if rng is not None:
             torch.set_rng_state(rng)
         if "epoch" not in loaded or "step_in_epoch" not in loaded:
             return "the snapshot needs the position: without it the resumed run starts epoch 0 again"
-        if (loaded["epoch"], loaded["step_in_epoch"]) != (epoch, batch):
+        position = (whole(loaded["epoch"]), whole(loaded["step_in_epoch"]))  # 0 is a position too
+        if position != (epoch, batch):
             return ("the position in the snapshot is not where the job stood when it saved (the check "
                     "saves at several points): store the position the job is at, as it is given")
-        _train(model, optimizer, loaded["epoch"], loaded["step_in_epoch"], _STEPS - resume_at)
+        _train(model, optimizer, *position, _STEPS - resume_at)
         resumed = model.state_dict()
     if all(torch.equal(resumed[k], v) for k, v in uninterrupted.items()):
         return None
