@@ -47,7 +47,7 @@ def test_bash_can_parse_it():
     assert done.returncode == 0, done.stderr
 
 
-def test_srun_gets_the_cpus_and_the_output_folder_exists():
+def test_srun_gets_the_cpus_on_every_slurm_version_and_the_output_folder_exists():
     text = script(cpus_per_gpu=6)
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
     assert srun.startswith("srun --cpus-per-task=24 torchrun")  # not inherited from sbatch
@@ -57,30 +57,43 @@ def test_srun_gets_the_cpus_and_the_output_folder_exists():
     assert "\nmkdir -p logs\n" in text  # torchrun's --log-dir under logs/
 
 
-def test_preemption_and_time_limit_requeue():
+def test_preemption_and_time_limit_requeue_after_the_ranks_save():
     text = script(warn_seconds=120)
     assert "#SBATCH --requeue " in text
     assert "#SBATCH --signal=B:USR1@120 " in text
-    assert "trap '" in text and 'scontrol requeue "$SLURM_JOB_ID"' in text
+    assert "\nexport TORCH_ELASTIC_SHUTDOWN_TIMEOUT=90\n" in text  # three quarters of the warning
+    trap = text[text.index("ask_ranks_to_save() {"):text.index("trap ask_ranks_to_save USR1")]
+    # the trap asks the tasks (not this script, not srun) to stop; it requeues nothing itself
+    assert 'scancel --signal=TERM "$SLURM_JOB_ID"' in trap and "requeue" not in trap
+    assert "kill" not in trap  # srun answers SIGTERM by killing its tasks
+    tail = text[text.index("agents=$!"):]
+    assert tail.index('wait "$agents"', tail.index('if [ "$stopping" = 1 ]')) \
+        < tail.index('scontrol requeue "$SLURM_JOB_ID"')  # requeue once srun has ended
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash on this machine")
-def test_the_script_requeues_on_usr1_and_waits_for_srun(tmp_path):
-    """Run it with a fake srun and scontrol: USR1 (the time-limit warning) makes the script call
-    ``scontrol requeue``, and the script still waits for srun and returns its status."""
+def test_on_usr1_the_ranks_save_first_and_the_job_is_requeued_after(tmp_path):
+    """Run it with a fake srun (two "ranks" that take a moment to save on SIGTERM), scancel (which
+    signals the ranks, as slurmstepd signals a step's tasks) and scontrol: USR1 (the time-limit
+    warning) makes the ranks save, and only once srun has ended does the script requeue the job."""
     import os
     import signal
     import time
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    rank = ('trap \'sleep 0.5; echo saved > saved.$1; exit 0\' TERM\n'
+            'while true; do sleep 0.05; done\n')
+    (tmp_path / "rank.sh").write_text(rank)
     (bin_dir / "srun").write_text(
-        '#!/bin/bash\necho "$@" > srun_args\ntouch started\n'
-        'for i in $(seq 600); do [ -e requeued ] && exit 0; sleep 0.05; done\nexit 1\n')
+        '#!/bin/bash\necho "$@" > srun_args\n'
+        'for r in 0 1; do bash rank.sh $r & echo $! >> ranks; done\n'
+        'touch started\nwait\nexit 0\n')
+    (bin_dir / "scancel").write_text('#!/bin/bash\necho "$@" > scancel_args\nkill -TERM $(cat ranks)\n')
     (bin_dir / "scontrol").write_text(
         '#!/bin/bash\nif [ "$1" = show ]; then echo node-a; echo node-b; exit 0; fi\n'
-        'echo "$@" > requeued\n')
-    for tool in ("srun", "scontrol"):
+        'echo "$@ after $(ls saved.* 2>/dev/null | tr \'\\n\' \' \')" > requeued\n')
+    for tool in ("srun", "scancel", "scontrol"):
         (bin_dir / tool).chmod(0o755)
     (tmp_path / "job.sh").write_text(script())
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42",
@@ -99,12 +112,32 @@ def test_the_script_requeues_on_usr1_and_waits_for_srun(tmp_path):
         if job.poll() is None:
             job.kill()
     assert job.returncode == 0, out
-    assert (tmp_path / "requeued").read_text().split() == ["requeue", "42"]
-    assert "time limit near: requeueing" in out
+    assert (tmp_path / "scancel_args").read_text().split() == ["--signal=TERM", "42"]
+    assert (tmp_path / "requeued").read_text().split() == ["requeue", "42", "after", "saved.0", "saved.1"]
+    assert out.index("asking the ranks to save") < out.index("the ranks have stopped: requeueing")
     assert (tmp_path / "logs").is_dir()
     args = (tmp_path / "srun_args").read_text().split()
     assert args[:2] == ["--cpus-per-task=32", "torchrun"]
     assert '--rdzv-endpoint=node-a:29500' in args
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash on this machine")
+def test_without_the_warning_nothing_is_requeued(tmp_path):
+    import os
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/bash\nexit 0\n")
+    (bin_dir / "scontrol").write_text(
+        '#!/bin/bash\nif [ "$1" = show ]; then echo node-a; exit 0; fi\ntouch requeued\n')
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NODELIST": "node-a"}
+    done = subprocess.run(["bash", "-c", script()], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "requeued").exists()
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash on this machine")

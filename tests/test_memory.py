@@ -9,6 +9,7 @@ from course_utils.dataparallel.memory import (
     Ledger,
     ModelSpec,
     ledger,
+    live_bytes_by_op,
     plot_ledgers,
     saved_tensor_bytes,
 )
@@ -150,3 +151,38 @@ def test_plot_ledgers_draws_stacked_bars():
         plot_ledgers([])
     assert isinstance(leds[0], Ledger)
     matplotlib.pyplot.close("all")
+
+
+def test_cross_entropy_backward_holds_four_logits_for_a_moment():
+    """The ledger's three logits-sized tensors (outputs, their gradient, the log-probabilities) are
+    what backward starts from; log-softmax's backward adds a fourth while it runs (notebook 04)."""
+    torch.manual_seed(0)
+    head = nn.Linear(4, 3000)
+    features, targets = torch.randn(16, 4), torch.randint(0, 3000, (16,))
+    logits_bytes = 16 * 3000 * 4
+
+    def step():
+        logits = head(features)
+        nn.functional.cross_entropy(logits, targets).backward()
+
+    steps = live_bytes_by_op(step, exclude=[*head.parameters(), features, targets])
+    live = dict(steps)  # the last value of each operation's name
+    assert round(live["nll_loss_forward"] / logits_bytes, 3) == 2  # logits, log-probabilities
+    op, peak = max(steps, key=lambda s: s[1])
+    assert op == "_log_softmax_backward_data" and round(peak / logits_bytes, 3) == 4
+    spec = ModelSpec.from_module("head", head, features, targets, nn.functional.cross_entropy)
+    led = ledger(spec, "dp", batch_size=16, num_devices=2, optimizer="sgd")
+    assert sum(led.rows[0][c] for c in ("outputs", "output gradient", "loss")) - 4 == 3 * logits_bytes
+
+
+def test_live_bytes_counts_a_storage_once_and_frees_it():
+    def fn():
+        x = torch.ones(1000)
+        y = x.view(10, 100)  # a view: the same storage
+        del x, y
+        torch.zeros(10)
+
+    steps = live_bytes_by_op(fn)
+    assert [n for _, n in steps] == [4000, 4000, 40]
+    with pytest.raises(TypeError, match="function of no arguments"):
+        live_bytes_by_op(3)

@@ -21,32 +21,28 @@ loss            what the loss saves for backward (log-probabilities for cross-en
 ============== ==================================================================================
 
 Strategies: ``"dp"`` (``nn.DataParallel``), ``"parallel_criterion"`` (each device computes its
-part of the loss), ``"ddp"``. Replica outputs freed after ``gather`` and kernels' transient
-buffers are not counted.
+part of the loss), ``"ddp"``. Replica outputs freed after ``gather`` and the transients of
+backward are not counted: :func:`live_bytes_by_op` measures those (cross-entropy's backward holds
+four logits-sized tensors at once, one more than the ledger's outputs, output gradient and loss).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from .._checks import check_int, check_positive_int
 from .model_specs import ModelSpec, saved_tensor_bytes
 from .splits import split_sizes
 
-__all__ = [
-    "CATEGORIES",
-    "STRATEGIES",
-    "Ledger",
-    "ModelSpec",
-    "cuda_peak_bytes",
-    "ledger",
-    "plot_ledgers",
-    "saved_tensor_bytes",
-]
+__all__ = ["CATEGORIES", "STRATEGIES", "Ledger", "ModelSpec", "cuda_peak_bytes", "ledger",
+           "live_bytes_by_op", "plot_ledgers", "saved_tensor_bytes"]
 
 CATEGORIES = ("parameters", "gradients", "optimizer state", "DDP buckets", "activations",
               "inputs", "outputs", "output gradient", "targets", "loss")
@@ -152,6 +148,41 @@ def ledger(spec: ModelSpec, strategy: str, *, batch_size: int, num_devices: int,
                 row["loss"] = r * spec.loss_saved_floats * s + (s if r else 0) + (s if d == 0 else 0)
         rows.append(row)
     return Ledger(spec, strategy, batch_size, output_device, rows_on, rows)
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Counts the bytes of every storage an operation creates, for as long as a tensor holds it."""
+
+    def __init__(self, skip: set[int]) -> None:
+        super().__init__()
+        self.skip, self.live, self.steps = skip, {}, []
+
+    def _release(self, key: int) -> None:
+        self.live[key][1] -= 1
+        if not self.live[key][1]:
+            del self.live[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and (key := t.untyped_storage().data_ptr()) not in self.skip:
+                self.live.setdefault(key, [t.untyped_storage().nbytes(), 0])[1] += 1
+                weakref.finalize(t, self._release, key)
+        self.steps.append((func.overloadpacket.__name__, sum(n for n, _ in self.live.values())))
+        return out
+
+
+def live_bytes_by_op(fn: Callable[[], object], exclude: Sequence[torch.Tensor] = ()) -> list[tuple[str, int]]:
+    """Run ``fn()`` (a forward and its backward) and return, after each operation it ran, the
+    operation's name and the bytes of the tensors that operations created and that are still
+    alive: the transient peak of a step, which the ledger does not count. Storages of ``exclude``
+    (parameters, inputs) do not count; views count their storage once."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a function of no arguments, got {type(fn).__name__}")
+    mode = _LiveBytes({t.untyped_storage().data_ptr() for t in exclude})
+    with mode:
+        fn()
+    return mode.steps
 
 
 def plot_ledgers(ledgers: Sequence[Ledger], *, unit: float = 2**30, unit_name: str = "GiB",

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .answers import NOT_A_NUMBER, reals, whole
 from .core import changed, load_bank, snapshot, untimed
 
 __all__ = ["CASES", "EXERCISES"]
@@ -17,9 +18,13 @@ __all__ = ["CASES", "EXERCISES"]
 _COMBINE = [([4, 4, 2], "mean"), ([4, 4, 2], "sum"), ([3, 3, 3, 3, 1], "mean"), ([3, 3, 3, 3, 1], "sum"),
             ([7], "mean"), ([2, 5], "mean")]
 
+#: 04.1's device counts: a rule that grows or shrinks with them agrees with the right one at 4
+_DEVICES = (4, 8)
+
 CASES: dict[str, list[str]] = {
-    "04.1": ["BERT-base-like, batch 32, 4 devices, plain SGD"],
-    "04.2": ["CUDA_VISIBLE_DEVICES set after CUDA started, 8 GPUs"],
+    "04.1": [f"BERT-base-like, batch 32, {n} devices, plain SGD" for n in _DEVICES],
+    "04.2": ["CUDA_VISIBLE_DEVICES set after CUDA started, 8 GPUs",
+             "CUDA_VISIBLE_DEVICES set before CUDA started, 8 GPUs"],
     "04.3": [f"chunks of {sizes} rows, reduction={reduction!r}" for sizes, reduction in _COMBINE],
 }
 
@@ -27,22 +32,34 @@ MiB = 2**20
 
 
 @functools.cache
-def _bert_extra_mib(optimizer: str) -> float:
-    """How many MiB more device 0 holds than device 1: BERT-base-like, batch 32, 4 devices, plain DP."""
+def _bert_extra_mib(optimizer: str, devices: int = 4) -> float:
+    """How many MiB more device 0 holds than device 1: BERT-base-like, batch 32, plain DP."""
     from ..dataparallel.memory import ModelSpec, ledger
 
     spec = ModelSpec.bert_like(vocab=30522, hidden=768, layers=12, heads=12, intermediate=3072, seq_len=128)
-    led = ledger(spec, "dp", batch_size=32, num_devices=4, optimizer=optimizer)
+    led = ledger(spec, "dp", batch_size=32, num_devices=devices, optimizer=optimizer)
     return (led.total(0) - led.total(1)) / MiB
 
 
 def _judge_sgd_extra(answer: Any) -> str | None:
-    if not isinstance(answer, (int, float)) or isinstance(answer, bool):
-        return f"write a number of MiB, not {type(answer).__name__}"
+    values = reals(answer, 2)
+    if values is None:
+        return ("write a pair of numbers of MiB: (device 0's extra with 4 devices, with 8 devices); "
+                + NOT_A_NUMBER)
     with untimed():  # the course's ledger measures the model once (seconds), not the answer
-        right, adam, momentum = (_bert_extra_mib(o) for o in ("sgd", "adam", "sgd_momentum"))
+        right = [_bert_extra_mib("sgd", n) for n in _DEVICES]
+        adam = [_bert_extra_mib("adam", n) for n in _DEVICES]
+        momentum = [_bert_extra_mib("sgd_momentum", n) for n in _DEVICES]
     logits = 32 * 128 * 30522 * 4 / MiB
+    for value, good, with_adam, with_momentum, n in zip(values, right, adam, momentum, _DEVICES,
+                                                        strict=True):
+        hint = _sgd_extra_hint(value, good, with_adam, with_momentum, logits)
+        if hint:
+            return hint if n == _DEVICES[0] else f"with {n} devices: {hint}"
+    return None
 
+
+def _sgd_extra_hint(answer: float, right: float, adam: float, momentum: float, logits: float) -> str | None:
     def near(value: float) -> bool:
         return math.isclose(answer, value, rel_tol=0.02)
 
@@ -59,7 +76,8 @@ def _judge_sgd_extra(answer: Any) -> str | None:
     if near(right / 1024):
         return "that is in GiB: the question asks for MiB"
     if answer > right * 1.5:
-        return "too much: without Adam's two moments, only the batch-sized tensors on device 0 are left"
+        return ("too much: without Adam's two moments, only the batch-sized tensors on device 0 are "
+                "left, and gathering the whole batch on device 0 does not grow with the devices")
     if near(logits):
         return ("you counted the gathered logits only: steps 4 and 5 of the explanation leave more "
                 "batch-sized tensors than the outputs on device 0")
@@ -67,23 +85,38 @@ def _judge_sgd_extra(answer: Any) -> str | None:
         return "one batch-sized tensor is missing: re-read what the loss keeps for backward"
     if answer <= 0:
         return "device 0 still gathers the outputs and computes the loss: those tensors are on it alone"
+    if answer < right:
+        return ("too little: device 1 holds none of the batch-sized tensors of the loss (the outputs "
+                "are gathered, and the loss computed, on device 0), whatever share of the batch it ran")
     return ("add up the lines of the explanation that only device 0 holds and that a plain SGD step "
             "still needs")
 
 
 def _judge_visible(answer: Any) -> str | None:
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not float(answer).is_integer():
-        return f"write a whole number of GPUs, not {answer!r}"
-    if answer == 8:
-        return None
-    if answer == 2:
-        return ("look at the order of the lines: when does CUDA read CUDA_VISIBLE_DEVICES, and what "
-                "has happened by the time the script sets it?")
-    if answer == 0:
-        return "no GPU disappears: the script made no GPU invisible before CUDA started"
-    if answer == 1:
-        return "device_count() counts the GPUs CUDA can see, not the ones that hold a tensor"
-    return "CUDA numbers the GPUs it saw when it started, and the script set nothing before that"
+    wrong = "write a pair of whole numbers of GPUs: (the script as shown, with its middle lines swapped)"
+    if not (isinstance(answer, (tuple, list)) and len(answer) == 2):
+        return wrong
+    after, before = (whole(a) for a in answer)
+    if after is None or before is None:
+        return wrong
+    if after != 8:
+        if after == 2:
+            return ("look at the order of the lines: when does CUDA read CUDA_VISIBLE_DEVICES, and "
+                    "what has happened by the time the script sets it?")
+        if after == 0:
+            return "no GPU disappears: the script made no GPU invisible before CUDA started"
+        if after == 1:
+            return "device_count() counts the GPUs CUDA can see, not the ones that hold a tensor"
+        return "CUDA numbers the GPUs it saw when it started, and the script set nothing before that"
+    if before != 2:
+        if before == 8:
+            return ("with the lines swapped, the variable is set before the tensor starts CUDA: a "
+                    "variable set in time does decide which GPUs CUDA sees")
+        if before == 1:
+            return "device_count() counts the GPUs CUDA can see, not the ones that hold a tensor"
+        return ("with the lines swapped, CUDA starts after the variable is set: count the GPUs "
+                "the variable leaves visible")
+    return None
 
 
 def _criterion_case(sizes: list[int], reduction: str, seed: int) -> tuple[list, torch.Tensor, list]:

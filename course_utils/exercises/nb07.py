@@ -7,20 +7,41 @@ from typing import Any
 import torch
 from torch import nn
 
+from .answers import real, whole
 from .core import changed, load_bank, reference, snapshot
 
 __all__ = ["CASES", "EXERCISES"]
 
 
+#: 07.1's values, each stored in its format: a normal fp16 number's neighbour, one between half of
+#: fp16's smallest subnormal and that subnormal (the look-alike rule "below the smallest subnormal
+#: is zero" says it dies), and one far below bf16's normals that bf16's range still holds
+_SURVIVES = ((1e-5, torch.float16), (4e-8, torch.float16), (1e-9, torch.bfloat16))
+
+
+def _flag(value: Any) -> bool | None:
+    """``value`` as a bool when it is one: True/False, NumPy's bool or a 0-d bool tensor."""
+    if isinstance(value, bool):
+        return value
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+    if numpy_bool or (isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype == torch.bool):
+        return bool(value)
+    return None
+
+
 def _judge_survives(answer: Any) -> str | None:
-    if not (isinstance(answer, (tuple, list)) and len(answer) == 2
-            and all(isinstance(a, bool) for a in answer)):
-        return "write a pair of True/False: (1e-5 survives in fp16, 1e-9 survives in bf16)"
-    fp16, bf16 = answer
-    if fp16 != (torch.tensor(1e-5).half().item() != 0):
+    flags = [_flag(a) for a in answer] if isinstance(answer, (tuple, list)) else []
+    if len(flags) != len(_SURVIVES) or None in flags:
+        return ("write three True/False: (1e-5 survives in fp16, 4e-8 survives in fp16, 1e-9 "
+                "survives in bf16)")
+    normal, subnormal, bf16 = ((torch.tensor(v).to(d).item() != 0) for v, d in _SURVIVES)
+    if flags[0] != normal:
         return ("1e-5 is below fp16's smallest *normal* number, but that is not the smallest number "
                 "fp16 holds: look at the table's subnormal column")
-    if bf16 != (torch.tensor(1e-9).bfloat16().item() != 0):
+    if flags[1] != subnormal:
+        return ("4e-8 is below fp16's smallest subnormal, but a value is rounded to the nearest "
+                "number fp16 holds: when is zero the nearest?")
+    if flags[2] != bf16:
         return ("bf16's few mantissa bits limit its precision, not its range: compare 1e-9 with "
                 "bf16's smallest numbers in the table")
     return None
@@ -170,7 +191,7 @@ _SCALER_RUNS = [(2.0**16, 2, (True, True, False, False, True, False, False, Fals
                 (1.0, 3, (True, True, False, False, False, True, False, False, False, False))]
 
 CASES: dict[str, list[str]] = {
-    "07.1": ["1e-5 in fp16, 1e-9 in bf16"],
+    "07.1": [f"{value:g} in {str(dtype).removeprefix('torch.')}" for value, dtype in _SURVIVES],
     "07.2": [label for label, _ in _FP16_RUNS],
     "07.3": [f"scale={a[0]:g}, good_steps={a[1]}, found_inf={a[2]}, growth_interval={a[3]}"
              for a, *_ in _SCALE_CASES + _EDGES]
@@ -179,12 +200,24 @@ CASES: dict[str, list[str]] = {
 }
 
 
+_NOT_A_SCALE = ("return a pair: (the new scale, a number; the new count of good steps, a whole "
+                "number)")
+
+
+def _scale_and_count(got: Any) -> tuple[float, int] | None:
+    """A rule's (scale, good_steps), read as numbers however written (answers.py), else None."""
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        return None
+    scale, count = real(got[0]), whole(got[1])
+    return None if scale is None or count is None else (scale, count)
+
+
 def _judge_next_scale(answer: Any) -> str | None:
     rule = reference("07.3")
     for args, right, hints in _SCALE_CASES + [(args, tuple(rule(*args)), hints) for args, hints in _EDGES]:
-        got = answer(*args)
-        if not (isinstance(got, (tuple, list)) and len(got) == 2):
-            return "return a pair: (the new scale, the new count of good steps)"
+        got = _scale_and_count(answer(*args))
+        if got is None:
+            return _NOT_A_SCALE
         for value, expected, hint in zip(got, right, hints, strict=True):
             if value != expected:
                 return hint
@@ -199,7 +232,10 @@ def _judge_next_scale(answer: Any) -> str | None:
             weight.grad = torch.tensor([float("inf") if found_inf else 1.0])
             scaler.step(optimizer)
             scaler.update()
-            scale, good = answer(scale, good, found_inf, interval)
+            got = _scale_and_count(answer(scale, good, found_inf, interval))
+            if got is None:
+                return _NOT_A_SCALE
+            scale, good = got
             if scale != scaler.get_scale():
                 return "over a longer run of steps your scale drifts from GradScaler's: check each rule again"
     return None

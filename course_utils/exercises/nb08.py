@@ -15,7 +15,8 @@ from unittest import mock
 import torch
 from torch import nn
 
-from .core import load_bank, not_a_pair
+from .answers import whole
+from .core import load_bank
 
 __all__ = ["CASES", "EXERCISES"]
 
@@ -23,12 +24,15 @@ __all__ = ["CASES", "EXERCISES"]
 _TARGETS = ["snapshot.pt", "runs/job 1/last.pt"]
 #: 08.2's jobs are 15 steps of 6 batches per epoch; the snapshot is taken after these steps
 _RESUME_AFTER = [8, 3, 12]
+#: 08.3's job writes a snapshot every 3 steps; it is killed after these steps, one run each (a rule
+#: such as "resume one step back" agrees with the right one after step 10, not after 11 or 9)
+_EVERY, _KILLS = 3, (11, 9)
 
 CASES: dict[str, list[str]] = {
     "08.1": [f"two saves, then one that dies half-way, to {name!r} in a fresh folder" for name in _TARGETS],
     "08.2": [f"a snapshot after step {k} of 15 (epoch {k // 6}, batch {k % 6}), resumed in a fresh process"
              for k in _RESUME_AFTER],
-    "08.3": ["a snapshot every 3 steps, killed after step 10"],
+    "08.3": [f"a snapshot every {_EVERY} steps, killed after step {k}" for k in _KILLS],
 }
 
 
@@ -211,17 +215,18 @@ def _resumed(answer: Any, resume_at: int) -> str | None:
         if "optimizer" in loaded:
             optimizer.load_state_dict(loaded["optimizer"])
         rng = loaded.get("rng")
-        if isinstance(rng, int):
+        if whole(rng) is not None:  # a number, however written (answers.py): a seed
             return ("'rng' holds a seed: that says where the random numbers started, not where they "
                     "stand after the steps already taken")
         if rng is not None:
             torch.set_rng_state(rng)
         if "epoch" not in loaded or "step_in_epoch" not in loaded:
             return "the snapshot needs the position: without it the resumed run starts epoch 0 again"
-        if (loaded["epoch"], loaded["step_in_epoch"]) != (epoch, batch):
+        position = (whole(loaded["epoch"]), whole(loaded["step_in_epoch"]))  # 0 is a position too
+        if position != (epoch, batch):
             return ("the position in the snapshot is not where the job stood when it saved (the check "
                     "saves at several points): store the position the job is at, as it is given")
-        _train(model, optimizer, loaded["epoch"], loaded["step_in_epoch"], _STEPS - resume_at)
+        _train(model, optimizer, *position, _STEPS - resume_at)
         resumed = model.state_dict()
     if all(torch.equal(resumed[k], v) for k, v in uninterrupted.items()):
         return None
@@ -236,16 +241,29 @@ def _resumed(answer: Any, resume_at: int) -> str | None:
 
 
 def _judge_restart(answer: Any) -> str | None:
-    wrong_shape = not_a_pair(answer, "(the step of the snapshot the job resumes from, steps computed twice)")
-    if wrong_shape:
-        return wrong_shape
-    resumed, repeated = answer
-    every, killed_after = 3, 10
+    shape = ("write two pairs of whole numbers, one per run: ((step of the snapshot it resumes from, "
+             "steps computed twice) killed after step 11, (the same) killed after step 9)")
+    if not (isinstance(answer, (tuple, list)) and len(answer) == len(_KILLS)):
+        return shape
+    runs = []
+    for run in answer:
+        values = [whole(v) for v in run] if isinstance(run, (tuple, list)) else []
+        if len(values) != 2 or None in values:
+            return shape
+        runs.append(values)
+    for (resumed, repeated), killed_after in zip(runs, _KILLS, strict=True):
+        hint = _restart_hint(resumed, repeated, _EVERY, killed_after)
+        if hint:
+            return hint if killed_after == _KILLS[0] else f"killed after step {killed_after}: {hint}"
+    return None
+
+
+def _restart_hint(resumed: int, repeated: int, every: int, killed_after: int) -> str | None:
     last = killed_after // every * every
     if resumed != last:
         if resumed == killed_after:
-            return ("the job resumes from its last snapshot, and snapshots are written every 3 "
-                    "steps: step 10 is not one of them")
+            return (f"the job resumes from its last snapshot, and snapshots are written every {every} "
+                    f"steps: step {killed_after} is not one of them")
         if resumed == 0:
             return "the job saved snapshots before the kill: a restart resumes, it does not start over"
         if resumed % every == 0 and resumed < last:
@@ -255,7 +273,8 @@ def _judge_restart(answer: Any) -> str | None:
         if repeated == 0:
             return ("the steps done after the last snapshot died with the process: the restarted job "
                     "computes them again")
-        return "the repeated steps are those finished after the last snapshot, up to the kill"
+        return ("the repeated steps are those finished after the last snapshot, up to the kill: "
+                "count them, none when the snapshot came last")
     return None
 
 

@@ -7,15 +7,21 @@ does not submit it.
 
 Three details that bite on a real cluster, each handled in the script:
 
-- ``srun`` is given ``--cpus-per-task`` itself: since Slurm 22.05 a job step does not take it
-  from ``sbatch``, and torchrun, its workers and their loader workers would share one core.
+- ``srun`` is given ``--cpus-per-task`` itself: from Slurm 22.05 to 23.02 a job step did not take
+  it from ``sbatch`` (23.11 reads ``SLURM_CPUS_PER_TASK`` again), and torchrun, its workers and
+  their loader workers would share one core. Passed explicitly, it holds on every version.
 - ``--output`` names a file in the submission folder, which exists; Slurm does not create
   folders, and ``logs/%x-%j.out`` fails before the job starts unless ``logs/`` exists.
-- Preemption and time limits: ``--requeue`` puts a preempted job back in the queue, and
-  ``--signal=B:USR1@S`` wakes the script S seconds before ``--time``, which then requeues the
-  job itself. Either way Slurm stops the job by sending SIGTERM to every process (SIGKILL
-  follows after the site's ``KillWait``, 30 s by default), so the training script must
-  save a snapshot on SIGTERM, or often enough to lose little, and resume from it.
+- Preemption and time limits. A preempted job's tasks get SIGTERM at once and are killed when the
+  partition's or QOS's ``GraceTime`` has passed (0 s by default: SIGTERM again, then SIGKILL
+  ``KillWait`` seconds later, 30 s by default); ``--requeue`` puts the job back in the queue. For
+  the time limit, ``--signal=B:USR1@S`` wakes this script S seconds early. Its trap does not
+  requeue at once, which would kill the ranks before they save: it sends SIGTERM to the job's
+  tasks (``scancel --signal=TERM``: the torchrun agents and their workers, not this script;
+  torchrun passes it on and gives its workers ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` seconds), waits
+  for ``srun`` to end, then requeues. What the ranks do with SIGTERM is the training script's
+  part: agree on a step (an all-reduce of a stop flag), save a snapshot, exit. Without that, they
+  die at once and the next run resumes from the last periodic snapshot.
 """
 
 from __future__ import annotations
@@ -53,7 +59,8 @@ def slurm_script(
     gloo pick one themselves, which on machines with several interfaces (docker0, a management
     network) can be the wrong one and shows up as a hang at the first collective. It chooses NCCL's
     socket and bootstrap interface; which InfiniBand adapters carry the data is ``NCCL_IB_HCA``'s
-    choice. ``warn_seconds``: how long before the time limit the script requeues the job.
+    choice. ``warn_seconds``: how long before the time limit the script asks the ranks to save
+    and then requeues the job; torchrun gives them three quarters of it before SIGKILL.
     """
     if not isinstance(job_name, str) or not _NAME.match(job_name):
         raise ValueError(f"job_name must be letters, digits, '_', '.' or '-', got {job_name!r}")
@@ -87,6 +94,7 @@ def slurm_script(
     )
     cpus = cpus_per_gpu * gpus_per_node
     signal_line = f"#SBATCH --signal=B:USR1@{warn_seconds}"
+    grace = max(1, warn_seconds * 3 // 4)  # the rest: for srun to end and for the requeue
     script_args = " ".join(shlex.quote(a) for a in args)
     return f"""#!/bin/bash
 #SBATCH --job-name={job_name}
@@ -106,15 +114,26 @@ head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 {interface}export NCCL_DEBUG=WARN                 # INFO while bringing a cluster up
 # A restart meets in a fresh store: the agents' restart counts can differ between nodes.
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+# How long torchrun lets its workers finish after passing them SIGTERM, before SIGKILL (torch
+# releases with torchrun --shutdown-timeout read it; older ones wait 30 s).
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={grace}
 export OMP_NUM_THREADS={cpus_per_gpu}
 mkdir -p logs
 
-# Near the time limit, requeue: Slurm stops the job as it stops a preempted one (SIGTERM to
-# every process, SIGKILL after KillWait), and the next run resumes from the last snapshot.
-requeued=0
-trap 'requeued=1; echo "time limit near: requeueing"; scontrol requeue "$SLURM_JOB_ID"' USR1
+# Near the time limit: ask the ranks to save, wait until they have stopped, then requeue (the next
+# run resumes from the snapshot). `scancel --signal` reaches every task of the job's steps (the
+# torchrun agents and their workers) but not this script; torchrun passes SIGTERM on to its
+# workers. Not `kill` srun: srun answers SIGTERM by killing its tasks.
+stopping=0
+ask_ranks_to_save() {{
+    stopping=1
+    echo "time limit near: asking the ranks to save"
+    scancel --signal=TERM "$SLURM_JOB_ID" || true
+}}
+trap ask_ranks_to_save USR1
 
-# srun gets the CPUs itself: since Slurm 22.05 it does not take --cpus-per-task from sbatch.
+# srun gets the CPUs itself: Slurm 22.05 to 23.02 did not pass sbatch's --cpus-per-task on to a
+# job step (23.11 does again); given here, it holds on every version.
 srun --cpus-per-task={cpus} torchrun \\
     --nnodes={nodes} \\
     --nproc-per-node={gpus_per_node} \\
@@ -127,9 +146,11 @@ srun --cpus-per-task={cpus} torchrun \\
 agents=$!
 status=0
 wait "$agents" || status=$?
-if [ "$requeued" = 1 ]; then  # the trap ended that wait, not srun: wait for srun itself
+if [ "$stopping" = 1 ]; then  # the trap ended that wait, not srun: wait for the ranks to stop
     status=0
     wait "$agents" || status=$?
+    echo "the ranks have stopped: requeueing"
+    scontrol requeue "$SLURM_JOB_ID"
 fi
 exit "$status"
 """
