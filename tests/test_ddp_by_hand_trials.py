@@ -108,3 +108,40 @@ def test_launching_in_fill_order_pairs_different_gradients_across_ranks():
     (order0, grads0), (order1, grads1) = launch(_fill_order_rank, 2, echo=False, backend="gloo", timeout_s=60)
     assert order0 != order1
     assert not torch.equal(grads0["a.weight"], grads1["a.weight"])  # the ranks now disagree
+
+
+def _no_sync_placements(rank, world_size):
+    """For each placement of no_sync (around the forward only, around the backward only), whether
+    the backward pass synchronised the gradients, by hand and in torch's DDP."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from course_utils.devices import wrap_ddp
+
+    found = {}
+    for name in ("by hand", "torch DDP"):
+        for placement in ("forward inside", "backward inside"):
+            model = trial_model("lesson", 0)
+            wrapped = DDPByHand(model, 0.0005) if name == "by hand" else wrap_ddp(model, torch.device("cpu"))
+            x, y = torch.randn(4, 8) + rank, torch.randn(4, 4)
+            if placement == "forward inside":
+                with wrapped.no_sync():
+                    loss = F.mse_loss(wrapped(x), y)
+                loss.backward()
+            else:
+                loss = F.mse_loss(wrapped(x), y)
+                with wrapped.no_sync():
+                    loss.backward()
+            getattr(wrapped, "finish_gradient_synchronization", lambda: None)()
+            grad = model[6].weight.grad.clone()
+            every = [torch.empty_like(grad) for _ in range(world_size)]
+            dist.all_gather(every, grad)
+            found[name, placement] = all(torch.equal(g, every[0]) for g in every)
+            wrapped = model = None
+    return found
+
+
+def test_no_sync_is_decided_at_the_forward_as_in_torch_ddp():
+    for found in launch(_no_sync_placements, 2, echo=False, backend="gloo", timeout_s=60):
+        assert found["torch DDP", "forward inside"] is False and found["torch DDP", "backward inside"] is True
+        assert found["by hand", "forward inside"] is False and found["by hand", "backward inside"] is True

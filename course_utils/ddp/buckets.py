@@ -29,8 +29,9 @@ __all__ = ["assign_buckets", "ddp_construction_buckets", "fill_buckets"]
 
 def fill_buckets(parameters: Iterable[nn.Parameter], bucket_cap_mb: float | None) -> list[list[nn.Parameter]]:
     """``parameters``, in the order given, into buckets that each close once they reach
-    ``bucket_cap_mb`` MiB (2**20 bytes). ``None``: a bucket per parameter."""
-    cap_bytes = 0 if bucket_cap_mb is None else bucket_cap_mb * 2**20
+    ``bucket_cap_mb`` MiB (2**20 bytes, rounded down to whole bytes as DDP does). ``None``: a bucket
+    per parameter."""
+    cap_bytes = 0 if bucket_cap_mb is None else int(bucket_cap_mb * 2**20)  # whole bytes, as DDP counts
     buckets: list[list[nn.Parameter]] = []
     current: list[nn.Parameter] = []
     size = 0

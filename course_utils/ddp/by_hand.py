@@ -125,11 +125,12 @@ class DDPByHand(nn.Module):
     (a broadcast) and fills the buckets again in that order, as DDP rebuilds its buckets after its
     first iteration (``rebuild_buckets=False`` keeps the first ones).
 
-    **Accumulation.** Under ``with ddp_model.no_sync():`` the hooks do nothing and the gradients
-    add up in ``.grad`` on each rank; the first backward outside it all-reduces the sums (DDP's
-    ``no_sync``). Two backward passes without ``no_sync`` are synchronised one after the other, as
-    DDP does: a forward that finds the previous step's all-reduces started and not yet finished
-    finishes them first.
+    **Accumulation.** A forward run under ``with ddp_model.no_sync():`` makes the next backward's
+    hooks do nothing, and the gradients add up in ``.grad`` on each rank; the first backward after a
+    forward outside it all-reduces the sums (DDP's ``no_sync``, which also decides at the forward).
+    Two backward passes without ``no_sync`` are synchronised one after the other, as DDP does: a
+    forward that finds the previous step's all-reduces started and not yet finished finishes them
+    first.
 
     **Missing gradients.** A parameter that trains and gets no gradient in a backward pass
     (unused) leaves its bucket incomplete, and the buckets after it are never started:
@@ -155,7 +156,8 @@ class DDPByHand(nn.Module):
         broadcast_from_rank_0(module)
         self.trainable = [p for p in module.parameters() if p.requires_grad]
         self.index_of = {param: i for i, param in enumerate(self.trainable)}
-        self.require_sync = True  # False under no_sync(): the hooks do nothing
+        self.require_sync = True  # False under no_sync()
+        self.sync_next_backward = True  # what the last forward decided: the hooks do nothing if False
         self.arrival: list[int] | None = [] if rebuild_buckets else None  # the first step's order
         self._set_buckets(assign_buckets(self.trainable, bucket_cap_mb))
         for param in self.trainable:
@@ -178,6 +180,7 @@ class DDPByHand(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if any(self.arrived):  # the last backward's gradients were never synchronised
             self.finish_gradient_synchronization()
+        self.sync_next_backward = self.require_sync  # decided here, at forward, as DDP decides it
         if self.arrival and self.require_sync:
             self._rebuild_buckets()
         if self.broadcast_buffers:
@@ -188,7 +191,8 @@ class DDPByHand(nn.Module):
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Backward passes inside do not all-reduce: the gradients add up in ``.grad``."""
+        """A forward run inside makes its backward pass all-reduce nothing: the gradients add up in
+        ``.grad`` (as DDP's ``no_sync``, the forward decides, wherever the backward runs)."""
         before, self.require_sync = self.require_sync, False
         try:
             yield
@@ -197,7 +201,7 @@ class DDPByHand(nn.Module):
 
     def _gradient_ready(self, param: nn.Parameter) -> None:
         """The hook: ``param.grad`` is complete. Start every bucket whose turn has come."""
-        if not self.require_sync:
+        if not self.sync_next_backward:
             return
         b = self.bucket_of[param]
         if self.arrived[b] == len(self.buckets[b]):

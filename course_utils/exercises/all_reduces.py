@@ -19,15 +19,25 @@ import torch
 __all__ = ["all_reduces_watched"]
 
 
+class Watched(list):
+    """The records of :func:`all_reduces_watched`, and ``others``: the names of the other collectives
+    the block ran on a process group (a barrier, a broadcast...), in order."""
+
+    others: list[str]
+
+
 @contextlib.contextmanager
-def all_reduces_watched() -> Iterator[list[dict]]:
-    """On a rank: one record per all-reduce the block runs on a process group, whatever name the
-    code called it by: ``numel`` (the elements handed in), ``ptrs`` (where they are), ``sent`` (a
-    copy of their values, flattened, when the all-reduce started), ``work`` (the handle the group
-    returned), ``waited`` (how many times the block waited for it, updated as the block goes on)
-    and ``touched``: whether the code wrote into one of its tensors (an in-place division, say)
-    between the start and the first wait, while the backend could still be reading or writing it
-    (autograd's version counter moved; the backend's own writes do not move it).
+def all_reduces_watched(clock: Any = None) -> Iterator[Watched]:
+    """On a rank: one record per all-reduce the block runs on a process group (``allreduce`` and
+    ``allreduce_coalesced``), whatever name the code called it by: ``numel`` (the elements handed
+    in), ``ptrs`` (where they are), ``sent`` (a copy of their values, flattened, when the all-reduce
+    started), ``work`` (the handle the group returned), ``waited`` (how many times the block waited
+    for it, updated as the block goes on), ``after`` (a copy of the tensors' values the first time
+    the block found the all-reduce complete: if nothing but the backend wrote them, the sum over the
+    ranks of what each sent), ``touched`` (whether autograd's version counter of one of its tensors
+    moved between the start and the first wait: an in-place write, a division say, while the backend
+    could still be reading or writing it; the backend's own writes do not move it) and ``at`` (what
+    ``clock()`` returned when it started, if a clock is given).
 
     Every way of waiting counts: ``wait()`` on the handle (a blocking all-reduce calls it itself),
     ``wait()`` on one of its futures (``get_future()``, or a future chained to one with ``then()``),
@@ -35,7 +45,8 @@ def all_reduces_watched() -> Iterator[list[dict]]:
     or ``done()`` once they answer True (polling until the all-reduce is over is waiting for it)."""
     import torch.distributed as dist
 
-    records: list[dict] = []
+    records = Watched()
+    records.others = []
     by_work: dict[int, dict] = {}
     by_future: dict[int, list[dict]] = {}
     kept: list[Any] = []  # the futures seen, kept alive so that their ids stay their own
@@ -57,6 +68,11 @@ def all_reduces_watched() -> Iterator[list[dict]]:
                                                                          strict=True))
             record["waited"] += 1
 
+    def completed(found: list[dict] | None) -> None:
+        for record in found or ():
+            if record["after"] is None:
+                record["after"] = torch.cat([t.detach().flatten() for t in record["tensors"]]).clone()
+
     def on_futures(futures: list[Any], found: list[dict]) -> None:
         for future in futures:
             kept.append(future)
@@ -68,7 +84,9 @@ def all_reduces_watched() -> Iterator[list[dict]]:
             def call(self: Any, *args: Any, **kwargs: Any) -> Any:
                 if id(self) in by_work:
                     waited([by_work[id(self)]])
-                return original(self, *args, **kwargs)
+                result = original(self, *args, **kwargs)
+                completed([by_work[id(self)]] if id(self) in by_work else None)
+                return result
             return call
         patch(cls, "wait", wait)
 
@@ -77,6 +95,7 @@ def all_reduces_watched() -> Iterator[list[dict]]:
                 done = original(self, *args, **kwargs)
                 if done and id(self) in by_work:
                     waited([by_work[id(self)]])
+                    completed([by_work[id(self)]])
                 return done
             return call
         patch(cls, "is_completed", is_completed)
@@ -93,7 +112,9 @@ def all_reduces_watched() -> Iterator[list[dict]]:
     def future_wait(original: Any) -> Any:
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             waited(by_future.get(id(self)))
-            return original(self, *args, **kwargs)
+            result = original(self, *args, **kwargs)
+            completed(by_future.get(id(self)))
+            return result
         return call
 
     def future_done(original: Any) -> Any:
@@ -101,6 +122,7 @@ def all_reduces_watched() -> Iterator[list[dict]]:
             done = original(self, *args, **kwargs)
             if done:
                 waited(by_future.get(id(self)))
+                completed(by_future.get(id(self)))
             return done
         return call
 
@@ -128,7 +150,8 @@ def all_reduces_watched() -> Iterator[list[dict]]:
             work = original(self, tensors, *args, **kwargs)
             record = {"numel": sum(t.numel() for t in handed), "ptrs": [t.data_ptr() for t in handed],
                       "sent": sent, "work": work, "waited": 0,  # the record keeps the handle: its id stays
-                      "tensors": handed, "versions": [t._version for t in handed], "touched": False}
+                      "tensors": handed, "versions": [t._version for t in handed], "touched": False,
+                      "after": None, "at": clock() if clock else None}
             records.append(record)
             by_work[id(work)] = record
             if (type(work), "wait") not in held:
@@ -136,8 +159,18 @@ def all_reduces_watched() -> Iterator[list[dict]]:
             return work
         return call
 
+    def other(original: Any, name: str) -> Any:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            records.others.append(name)
+            return original(self, *args, **kwargs)
+        return call
+
     try:
         patch(group_class, "allreduce", allreduce)
+        patch(group_class, "allreduce_coalesced", allreduce)
+        for name in ("barrier", "broadcast", "allgather", "_allgather_base", "reduce_scatter",
+                     "_reduce_scatter_base", "reduce", "gather", "scatter", "alltoall_base", "send", "recv"):
+            patch(group_class, name, lambda original, name=name: other(original, name))
         patch(future_class, "wait", future_wait)
         patch(future_class, "done", future_done)
         patch(future_class, "then", future_then)

@@ -50,9 +50,22 @@ def _never_past(params: list, cap: float) -> int:
     return count
 
 
+class _Sized:
+    """A parameter of ``n`` one-byte values: what the rule counts when it counts values."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def numel(self) -> int:
+        return self.n
+
+    def element_size(self) -> int:
+        return 1
+
+
 def look_alike_rules(params: list, cap_mb: float) -> dict[str, int]:
     """What the rules a learner may apply instead of DDP's give at ``cap_mb`` (the hint of each)."""
-    from ..ddp.buckets import ddp_construction_buckets
+    from ..ddp.buckets import ddp_construction_buckets, fill_buckets
 
     cap = cap_mb * 2**20
     total = sum(p.numel() * p.element_size() for p in params)
@@ -60,6 +73,7 @@ def look_alike_rules(params: list, cap_mb: float) -> dict[str, int]:
             "per layer": sum(p.dim() == 2 for p in params), "never past": _never_past(params, cap),
             "size up": math.ceil(total / cap), "size down": math.floor(total / cap),
             "at least the cap": sum(p.numel() * p.element_size() >= cap for p in params),
+            "values": len(fill_buckets([_Sized(p.numel()) for p in reversed(params)], cap_mb)),
             "whole MiB": round(total / 2**20)}
 
 
@@ -80,6 +94,8 @@ _RULE_HINTS = {
                 "the cap"),
     "at least the cap": ("that counts the parameters at least as large as the cap: a bucket holds every "
                          "gradient walked until it reaches the cap, the small ones too"),
+    "values": ("that counts values, not bytes: a float32 value takes four bytes, and the cap is in MiB "
+               "of bytes"),
     "whole MiB": ("that is the model's size in MiB, which does not depend on the cap: the number of "
                   "buckets does (compare your two answers)"),
 }

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["FILL_ORDER", "TOUCHED", "carries_gradients", "frozen_hint", "grad_hint"]
+__all__ = ["FILL_ORDER", "NO_OVERLAP", "TOUCHED", "carries_gradients", "frozen_hint", "grad_hint",
+           "written_in_flight"]
 
 #: an all-reduce's tensor written while the all-reduce ran
 TOUCHED = ("a gradient was changed (divided, say) while its all-reduce was still in flight: until the "
            "handle is waited for, the backend may still be reading or writing that tensor, so what it "
            "holds afterwards depends on timing, even when the numbers come out right on this machine")
+#: every all-reduce started only once the last gradient was ready
+NO_OVERLAP = ("every all-reduce started only in the hook of the last gradient to be ready, at the end of "
+              "the backward pass: nothing can overlap it; the fixed order must follow the order the "
+              "gradients usually arrive in (last layer first), so that each all-reduce can start as soon "
+              "as its own gradient is ready")
 #: the ranks issued their all-reduces in different orders
 FILL_ORDER = ("the ranks started their all-reduces in different orders (each in the order its gradients "
               "arrived, which here depends on the rank: two layers of the same shape run in a "
@@ -74,3 +80,25 @@ def carries_gradients(record: dict, grads: set[int], own: list[torch.Tensor], wo
         else:
             return False
     return sent.numel() > 0
+
+
+def written_in_flight(records: list[dict], world_size: int) -> bool:
+    """Whether the answer wrote into a tensor while its all-reduce was in flight, by any means (an
+    in-place division, ``.data``, NumPy): autograd's version counter moved, or what the tensor held
+    when the all-reduce was first found complete is not the sum of what the ranks sent. The sums are
+    worked out here with one blocking all-reduce per record (a collective: every rank calls this at
+    the same point, with as many records; if the counts differ, other checks say why)."""
+    import torch.distributed as dist
+
+    counts: list = [None] * world_size
+    dist.all_gather_object(counts, len(records))
+    if len(set(counts)) != 1:
+        return False
+    moved = any(r["touched"] for r in records)
+    for record in records:
+        total = record["sent"].clone()
+        dist.all_reduce(total)
+        after = record["after"]
+        moved |= after is not None and not (after.shape == total.shape
+                                            and torch.allclose(after, total, rtol=1e-5, atol=1e-6))
+    return moved

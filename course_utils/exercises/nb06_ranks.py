@@ -12,7 +12,15 @@ import torch
 
 from .all_reduces import all_reduces_watched
 from .core import untimed
-from .nb06_hints import FILL_ORDER, TOUCHED, carries_gradients, frozen_hint, grad_hint
+from .nb06_hints import (
+    FILL_ORDER,
+    NO_OVERLAP,
+    TOUCHED,
+    carries_gradients,
+    frozen_hint,
+    grad_hint,
+    written_in_flight,
+)
 
 __all__ = ["HOOK_STEPS", "average_rank", "hooks_rank"]
 
@@ -64,7 +72,7 @@ def average_rank(rank: int, world_size: int, answer: Any) -> str | None:
         return ("average_gradients returned before waiting for an all-reduce it started: until its "
                 "handle is waited for, an asynchronous all-reduce may not have finished, and the gradient "
                 "may not hold the sum yet when the optimizer reads it")
-    if any(r["touched"] for r in reduced):
+    if written_in_flight(reduced, world_size):
         return TOUCHED
     where = {p.data_ptr() for p in params}
     if any(ptr in where for r in reduced for ptr in r["ptrs"]) or any(
@@ -95,7 +103,9 @@ def average_rank(rank: int, world_size: int, answer: Any) -> str | None:
         if hint is not None:
             return hint
     if sent < expected:
-        return "some gradients were averaged without going through all-reduce"  # never seen yet
+        return ("the check saw fewer values go through all-reduce than the gradients hold: it watches "
+                "torch.distributed.all_reduce (and all_reduce_coalesced), blocking or not; average every "
+                "gradient that trains with it")
     return None
 
 
@@ -141,26 +151,38 @@ def hooks_rank(rank: int, world_size: int, answer: Any) -> str | None:
         own = [p.grad.flatten() for p in local.parameters() if p.grad is not None]
         optimizer.zero_grad()
         loss = F.mse_loss(ddp_model(xr), yr)
-        with all_reduces_watched() as reduced:
+        ready = [0]  # gradients made ready so far in this backward pass (counted by hooks of our own)
+
+        def count(_: Any, ready: list[int] = ready) -> None:
+            ready[0] += 1
+
+        with all_reduces_watched(clock=lambda ready=ready: ready[0]) as reduced:
+            handles = [p.register_post_accumulate_grad_hook(count)
+                       for p in model.parameters() if p.requires_grad]
             loss.backward()
+            for handle in handles:
+                handle.remove()
             during = [r["numel"] for r in reduced]
-            if any(r["waited"] for r in reduced):
-                return ("the backward pass waited for an all-reduce: a hook that waits in any way (wait() on "
-                        "the handle or on its future, polling is_completed() until it is true, a blocking "
-                        "all_reduce) holds the backward pass until every rank has sent that gradient, so "
-                        "communication no longer overlaps computation; start it and wait later")
-            try:
-                ddp_model.finish_gradient_synchronization()
-            except TypeError as err:
-                hint = frozen_hint(err)
-                if hint is None:
-                    raise
-                return hint
+            others = list(reduced.others)
+            waited = any(r["waited"] for r in reduced)
+            if not waited:
+                try:
+                    ddp_model.finish_gradient_synchronization()
+                except TypeError as err:
+                    hint = frozen_hint(err)
+                    if hint is None:
+                        raise
+                    return hint
+        raced = written_in_flight(reduced, world_size)  # a collective: every rank runs it here
+        if waited or others:
+            return ("the backward pass waited for an all-reduce: a hook that waits in any way (wait() on "
+                    "the handle or on its future, polling is_completed() until it is true, a blocking "
+                    "all_reduce, a barrier or another collective) holds the backward pass until every rank "
+                    "has sent that gradient, so communication no longer overlaps computation; start it "
+                    "and wait later")
         if not during:
             return ("no all-reduce started during the backward pass: each parameter's hook must start the "
                     "all-reduce of its gradient as soon as it is ready")
-        if any(r["touched"] for r in reduced):
-            return TOUCHED
         grads = {p.grad.data_ptr() for p in model.parameters() if p.grad is not None}
         if not all(carries_gradients(r, grads, own, world_size) for r in reduced[:len(during)]):
             return ("the hooks all-reduced something other than the gradients during the backward pass: "
@@ -175,6 +197,10 @@ def hooks_rank(rank: int, world_size: int, answer: Any) -> str | None:
                     "parameter with one gradient (one hook), and a frozen one has none")
         if sorted(during) != numels:
             return "one all-reduce per parameter that trains, each of its whole gradient, started by its hook"
+        if raced:
+            return TOUCHED
+        if len(numels) > 1 and min(r["at"] for r in reduced[:len(during)]) >= len(numels) - 1:
+            return NO_OVERLAP
         if any(not r["waited"] for r in reduced[:len(during)]):
             return ("finish_gradient_synchronization returned before waiting for every all-reduce the hooks "
                     "started: until its handle is waited for, an asynchronous all-reduce may not have "
@@ -199,41 +225,55 @@ def hooks_rank(rank: int, world_size: int, answer: Any) -> str | None:
 def _routed(rank: int, world_size: int, answer: Any) -> str | None:
     """06.2 on a model whose two layers of one shape run in a rank-dependent order (``Routed``): the
     gradients arrive in another order on odd ranks, and every rank must still start the same
-    all-reduces in the same order; one backward pass against the mean of every rank's gradients."""
+    all-reduces in the same order, step after step; ``HOOK_STEPS`` SGD steps, the first against the
+    mean of every rank's gradients, every one checked for the same order and the same gradients on
+    every rank."""
     import torch.distributed as dist
     import torch.nn.functional as F
 
     from ..ddp.by_hand_trials import trial_model
 
-    def batch(r: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.Generator().manual_seed(100 + r)
+    def batch(r: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(100 + 10 * step + r)
         return torch.randn(4, 8, generator=g), torch.randn(4, 2, generator=g)
 
     def grads(r: int) -> dict[str, torch.Tensor]:
         model = trial_model("routed", r)
-        F.mse_loss(model(batch(r)[0]), batch(r)[1]).backward()
+        F.mse_loss(model(batch(r, 0)[0]), batch(r, 0)[1]).backward()
         return {n: p.grad.clone() for n, p in model.named_parameters()}
 
     with untimed():
         every = [grads(r) for r in range(world_size)]
     model = trial_model("routed", rank)
     ddp_model = answer(model)
-    with all_reduces_watched() as reduced:
-        F.mse_loss(ddp_model(batch(rank)[0]), batch(rank)[1]).backward()
-        ddp_model.finish_gradient_synchronization()
-    carried = []  # which parameter each all-reduce carried, in the order they started
-    for record in reduced:
-        found = [n for n, g in every[rank].items() if carries_gradients(record, set(), [g], world_size)]
-        carried.append(found[0] if len(found) == 1 else "?")
-    orders: list[Any] = [None] * world_size
-    dist.all_gather_object(orders, carried)
-    if any(order != orders[0] for order in orders):
-        return FILL_ORDER
-    for name, param in model.named_parameters():
-        mean = sum(e[name] for e in every) / world_size
-        hint = grad_hint(param.grad.flatten(), mean.flatten(), every[rank][name].flatten(), world_size)
-        if hint is not None:
-            return hint
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(HOOK_STEPS):
+        optimizer.zero_grad()
+        own = {}
+        if step:  # this rank's own gradients at the current parameters, before any all-reduce
+            local = trial_model("routed", rank)
+            local.load_state_dict(model.state_dict())
+            F.mse_loss(local(batch(rank, step)[0]), batch(rank, step)[1]).backward()
+            own = {n: p.grad.clone() for n, p in local.named_parameters()}
+        with all_reduces_watched() as reduced:
+            F.mse_loss(ddp_model(batch(rank, step)[0]), batch(rank, step)[1]).backward()
+            ddp_model.finish_gradient_synchronization()
+        carried = []  # which parameter each all-reduce carried, in the order they started
+        for record in reduced:
+            found = [n for n, g in (own or every[rank]).items()
+                     if carries_gradients(record, set(), [g], world_size)]
+            carried.append(found[0] if len(found) == 1 else "?")
+        seen: list[Any] = [None] * world_size
+        dist.all_gather_object(seen, (carried, {n: p.grad.clone() for n, p in model.named_parameters()}))
+        if any(order != seen[0][0] for order, _ in seen) or any(
+                not torch.allclose(g[n], seen[0][1][n], rtol=1e-5, atol=1e-7) for _, g in seen for n in g):
+            return FILL_ORDER
+        if step == 0:
+            for name, param in model.named_parameters():
+                mean = sum(e[name] for e in every) / world_size
+                own_grad = every[rank][name].flatten()
+                hint = grad_hint(param.grad.flatten(), mean.flatten(), own_grad, world_size)
+                if hint is not None:
+                    return hint
+        optimizer.step()
     return None
-
-
