@@ -31,12 +31,13 @@ def runs(request):
 
 
 def formula(psi, nodes, gpus, run, **kwargs):
-    """``link_bytes_per_step`` for one of ``mesh_runs.RUNS``."""
-    on_mesh, node_size, micro_batches = mesh_runs.RUNS[run]
-    strategy = "hsdp" if on_mesh else run.split("_")[0]
+    """``link_bytes_per_step`` for one of ``mesh_runs.RUNS``, spelled out."""
+    strategy, node_size, micro_batches = mesh_runs.RUNS[run]
     if node_size:
         kwargs["reshard_after_forward"] = gpus
-    return ledgers.link_bytes_per_step(psi, nodes, gpus, strategy, micro_batches=micro_batches, **kwargs)
+    got = ledgers.link_bytes_per_step(psi, nodes, gpus, strategy, micro_batches=micro_batches, **kwargs)
+    assert got == mesh_runs.run_link_bytes(run, psi, nodes, gpus, kwargs.get("rank"))
+    return got
 
 
 def test_every_run_equals_ddp_and_one_process(runs, single):

@@ -20,11 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .ledgers import LINKS
+from .ledgers import LINKS, link_bytes_per_step
 from .runs import logged_collectives, model_state_bytes, shard_layers, toy_batches, toy_model
 
 __all__ = ["MESH_DIMS", "RUNS", "LinkLog", "describe_mesh", "logged_links", "mesh_2d", "mesh_rank", "node_of",
-           "train"]
+           "run_link_bytes", "train"]
 
 #: the mesh's dimensions, outer first: across nodes the model is replicated, inside one it is sharded
 MESH_DIMS = ("replicate", "shard")
@@ -118,9 +118,17 @@ def train(model: nn.Module, batches: list, lr: float, micro_batches: int = 1) ->
     return optimizer
 
 
-#: mesh_rank's runs: name -> (on the 2-D mesh?, reshard_after_forward = the node size?, micro-batches)
-RUNS = {"ddp": (False, False, 1), "fsdp": (False, False, 1), "fsdp_node": (False, True, 1),
-        "hsdp": (True, False, 1), "hsdp_accum": (True, False, 2)}
+#: mesh_rank's runs: name -> (strategy, reshard_after_forward set to the node size?, micro-batches);
+#: "hsdp" runs on the 2-D mesh, the others on the flat group of all ranks
+RUNS = {"ddp": ("ddp", False, 1), "fsdp": ("fsdp", False, 1), "fsdp_node": ("fsdp", True, 1),
+        "hsdp": ("hsdp", False, 1), "hsdp_accum": ("hsdp", False, 2)}
+
+
+def run_link_bytes(run: str, numel: int, nodes: int, gpus_per_node: int, rank: int | None = None) -> dict:
+    """``ledgers.link_bytes_per_step`` for one of the ``RUNS``."""
+    strategy, node_size, micro_batches = RUNS[run]
+    return link_bytes_per_step(numel, nodes, gpus_per_node, strategy, rank=rank, micro_batches=micro_batches,
+                               reshard_after_forward=gpus_per_node if node_size else None)
 
 
 def mesh_rank(rank: int, world_size: int, nodes: int = 2, steps: int = 3, rows: int = 12,
@@ -149,10 +157,10 @@ def mesh_rank(rank: int, world_size: int, nodes: int = 2, steps: int = 3, rows: 
                   "held": model_state_bytes(model, optimizer)}
     del ddp_model
 
-    for run, (on_mesh, node_size, micro_batches) in list(RUNS.items())[1:]:
+    for run, (strategy, node_size, micro_batches) in list(RUNS.items())[1:]:
         with logged_links(logs[run]):
             # region: hsdp
-            model = shard_layers(toy_model().to(device), mesh=mesh if on_mesh else None,
+            model = shard_layers(toy_model().to(device), mesh=mesh if strategy == "hsdp" else None,
                                  reshard_after_forward=gpus_per_node if node_size else None)
             optimizer = train(model, batches, lr, micro_batches)
             # endregion
