@@ -1,6 +1,7 @@
 import re
 
 import pytest
+import torch
 
 from course_utils.sharding import strategies as strategy_harness
 from course_utils.tools import bench
@@ -80,3 +81,21 @@ def test_measure_loader_times_every_worker_count():
         strategy_harness.measure_loader((-1,))
     with pytest.raises(ValueError, match="num_workers"):
         strategy_harness.measure_loader(())
+
+
+def test_measure_loader_keeps_the_fastest_epoch_and_never_beats_the_floor():
+    samples, cost = 16, 0.002
+    result = strategy_harness.measure_loader((0, 2), work="io", seconds_per_sample=cost, samples=samples,
+                                             batch_size=4, repeats=2, progress=False)
+    # waiting: the floor is samples × cost over the workers that wait at once (one without workers)
+    for workers, epoch in zip(result["num_workers"], result["epoch_s"], strict=True):
+        assert epoch >= samples * cost / max(workers, 1)
+    with pytest.raises(ValueError, match="repeats"):
+        strategy_harness.measure_loader((0,), repeats=0)
+
+
+def test_bf16_costs_times_a_product_both_ways_and_a_cast_on_one_thread():
+    threads = torch.get_num_threads()
+    cost = strategy_harness.bf16_costs(width=64, rows=8, repeats=2)
+    assert set(cost) == {"fp32 product", "bf16 product", "cast to bf16"} and min(cost.values()) > 0
+    assert torch.get_num_threads() == threads  # put back as it was

@@ -33,6 +33,25 @@ def test_autocast_keeps_parameters_gradients_and_adamw_state_in_fp32():
     assert ledgers.BYTES_PER_PARAMETER["autocast"] == (4, 4, 8)
 
 
+def test_autocast_s_16_bit_weight_copies_live_until_each_layer_s_backward():
+    """Not state, but not short-lived either: autograd saves autocast's bf16 copy of each weight
+    whose layer's input needs a gradient (all but the first layer) for that layer's backward."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(24, 40), nn.ReLU(), nn.Linear(40, 40), nn.ReLU(), nn.Linear(40, 6))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(torch.randn(5, 24))
+    weights = [m.weight for m in model if isinstance(m, nn.Linear)]
+    copies = [t for t in saved if t.dtype == torch.bfloat16 and t.dim() == 2 and t.shape[0] != 5]
+    assert sorted(tuple(t.shape) for t in copies) == sorted(tuple(w.t().shape) for w in weights[1:])
+    assert sum(t.nbytes for t in copies) == 2 * sum(w.numel() for w in weights[1:])
+    for copy, weight in zip(copies, weights[1:], strict=True):
+        assert torch.equal(copy.t(), weight.detach().bfloat16())  # the cast weight itself
+    out.float().sum().backward()  # and backward uses them
+    assert all(w.grad is not None for w in weights)
+
+
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_the_two_accountings_by_stage(n):
     spec = ModelSpec.linear(1023, 1)  # 1024 parameters, divisible by 8: no padding

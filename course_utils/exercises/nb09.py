@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..compat import COLLECTIVE_NAMES
+from .answers import NOT_A_NUMBER, real, reals
 from .core import load_bank
 from .on_ranks import hint_from_ranks
 
@@ -16,25 +17,58 @@ __all__ = ["CASES", "EXERCISES"]
 _PSI, _N = 1_000_000_000, 8
 
 
+#: bytes per parameter of (parameters, gradients, optimizer state) under mixed-precision Adam
+_SIZES = (2, 2, 12)
+#: stages -> which of the three ZeRO shards; "swapped" shards the parameters and keeps the gradients,
+#: which gives stage 2's total whenever parameters and gradients take as many bytes: only the three
+#: numbers tell them apart
+_STAGES = {(False, False, False): "ddp", (False, False, True): "zero1", (False, True, True): "zero2",
+           (True, True, True): "zero3", (True, False, True): "swapped"}
+_STAGE_HINTS = {
+    "ddp": "that is DDP's figure: stage 2 shards the gradients and the optimizer state",
+    "zero1": "that is ZeRO-1: stage 2 also shards the gradients",
+    "zero3": "that is ZeRO-3: in stage 2 every rank still holds all the fp16 parameters",
+    "swapped": ("that shards the parameters and keeps every gradient: stage 2 shards what backward and the "
+                "optimizer produce, and every rank still holds all the fp16 parameters forward needs"),
+}
+
+
 def _judge_zero2_bytes(answer: Any) -> str | None:
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return f"write a number of bytes, not {type(answer).__name__}"
-    right = 2 * _PSI + (2 + 12) * _PSI / _N
-    if abs(answer - right) <= 0.005 * right:
+    if real(answer) is not None:
+        return ("write three numbers, (parameters, gradients, optimizer state) in bytes: one total cannot "
+                "show which of them stage 2 shards (sharding the parameters instead of the gradients "
+                "gives the same total when both take 2 bytes)")
+    parts = reals(answer, 3)
+    if parts is None:
+        return ("write three numbers in a tuple or list, (parameters, gradients, optimizer state) in bytes, "
+                f"not {type(answer).__name__}")
+
+    def near(value: float, target: float) -> bool:
+        return abs(value - target) <= 0.005 * target
+
+    def read(values: list[float]) -> tuple | None:
+        """For each part: sharded (True), whole (False), or None when it is neither."""
+        return tuple(True if near(value, size * _PSI / _N) else False if near(value, size * _PSI) else None
+                     for value, size in zip(values, _SIZES, strict=True))
+
+    kinds = read(parts)
+    stage = _STAGES.get(kinds)
+    if stage == "zero2":
         return None
-    if abs(answer - 16 * _PSI) < 0.01 * _PSI:
-        return "that is DDP's figure: stage 2 shards the gradients and the optimizer state"
-    if abs(answer - 16 * _PSI / _N) < 0.01 * _PSI:
-        return "that is ZeRO-3: in stage 2 every rank still holds all the fp16 parameters"
-    if abs(answer - (4 * _PSI + 12 * _PSI / _N)) < 0.01 * _PSI:
-        return "that is ZeRO-1: stage 2 also shards the gradients"
-    if abs(answer - (2 * _PSI + 10 * _PSI / _N)) < 0.01 * _PSI or abs(answer - (4 * _PSI + 12 * _PSI)) < _PSI:
+    if stage in _STAGE_HINTS:
+        return _STAGE_HINTS[stage]
+    if _STAGES.get(read([v * 10**9 for v in parts])) == "zero2":
+        return "that is in GB (10^9 bytes): the question asks for bytes"
+    p, g, k = parts
+    if p == 0:
+        return "the parameters are missing: in stage 2 every rank still holds all the fp16 parameters"
+    if kinds == (False, True, False):
+        return "stage 2 shards the optimizer state too, as every stage from 1 on does"
+    if kinds[:2] == (False, True) and any(near(k, b * _PSI / _N) for b in (8, 10, 14, 16)):
         return ("count K = 12 bytes of Adam state per parameter in mixed precision: an fp32 master "
                 "copy and two fp32 moments")
-    if abs(answer - 14 * _PSI / _N) < 0.01 * _PSI:
-        return "the parameters are missing: in stage 2 every rank still holds all the fp16 parameters"
-    if abs(answer * 10**9 - right) <= 0.005 * right:
-        return "that is in GB (10^9 bytes): the question asks for bytes"
+    if near(p, 4 * _PSI) or near(g, 4 * _PSI / _N):
+        return "the parameters and gradients are fp16 here: 2 bytes each"
     return ("list the kinds of model state mixed-precision Adam keeps per parameter, and for each ask "
             "whether stage 2 keeps it whole on every rank or splits it over the N ranks")
 
@@ -48,7 +82,7 @@ CLIP_WORLDS, CLIP_ROWS = (2, 3), 7
 CLIP_CASES = [("above", 1.0), ("below", 1000.0)]
 
 CASES: dict[str, list[str]] = {
-    "09.1": ["Ψ = 10^9 parameters, N = 8 ranks"],
+    "09.1": ["Ψ = 10^9 parameters, N = 8 ranks: parameters, gradients, optimizer state"],
     "09.2": [f"world_size={n}, a shard of {size} values, seed {seed}" for n, size, seed in ZERO1_CASES],
     "09.3": [f"world_size={n}, 3 gradients of {CLIP_ROWS} rows split unevenly, norm {where} max_norm={m:g}"
              for n in CLIP_WORLDS for where, m in CLIP_CASES],
@@ -138,7 +172,9 @@ def clip_rank(rank: int, world_size: int, answer: Any) -> str | None:
         total = torch.sqrt(sum(t.square().sum() for t in full))
         parts = [[p.clone() for p in t.tensor_split(world_size)] for t in full]  # uneven rows
         shards = [p[rank].clone() for p in parts]
-        got = float(answer(shards, max_norm))
+        got = real(answer(shards, max_norm))
+        if got is None:
+            return f"return the total norm as one number (a float or a 0-d tensor): {NOT_A_NUMBER}"
         if abs(got - total.item()) > 1e-4 * total.item():
             norms = [torch.sqrt(sum(p[r].square().sum() for p in parts)).item() for r in range(world_size)]
             local, local_max = norms[rank], max(norms)
@@ -209,6 +245,14 @@ _BETWEEN_WRONG = [
     (lambda p, n, g: 2 * (4 * p / g),
      "in a ring a rank never sends its own share back to itself: try your function with one node, "
      "where nothing crosses between nodes"),
+    (lambda p, n, g: 2 * 4 * p * (n - 1),
+     "that is what crosses summed over all N·G ranks: the question asks what one rank sends"),
+    (lambda p, n, g: 4 * p / g * (n - 1),
+     "that agrees on 2 nodes only: how much of its tensor does one rank send in a ring all-reduce "
+     "over N ranks (notebook 05)? Try your function with 4 nodes"),
+    (lambda p, n, g: 2 * 4 * p / g / n,
+     "that agrees on 2 nodes only: how much of its tensor does one rank send in a ring all-reduce "
+     "over N ranks (notebook 05)? Try your function with 4 nodes"),
 ]
 
 
@@ -221,9 +265,10 @@ def _judge_between_nodes(answer: Any) -> str | None:
         value = answer(psi, nodes, gpus)
         if value is Ellipsis:
             raise NotImplementedError  # the answer cell as shipped
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"your function must return a number of bytes, not {type(value).__name__}"
-        got.append(value)
+        number = real(value)
+        if number is None:
+            return f"your function must return one number of bytes for each cluster: {NOT_A_NUMBER}"
+        got.append(number)
 
     def matches(formula: Any) -> bool:
         return all(math.isclose(v, formula(*c), rel_tol=1e-6, abs_tol=1e-6)

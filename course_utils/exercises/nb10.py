@@ -2,39 +2,73 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from .answers import NOT_A_NUMBER, real
 from .core import load_bank
 
 __all__ = ["CASES", "EXERCISES"]
 
 
+#: 10.1's numbers of ranks: 2 is the harness's, where keeping 1/n and keeping (n-1)/n of the
+#: moments agree; the others part them, and the rules of the other strategies
+ZERO1_RANKS = (1, 2, 3, 4, 8, 64)
+
+
+def _zero1(n: int) -> float:
+    """Per parameter a DDP process keeps four fp32 tensors (the parameter, its gradient, AdamW's
+    two moments); a ZeRO-1 process keeps the first two whole and 1/n of the moments, on average."""
+    return (1 + 1 + 2 / n) / 4
+
+
+#: wrong rules learners write -> the hint each one gets, the first that matches at every n
+_ZERO1_WRONG = [
+    (lambda n: 1 / n, "that is what an FSDP process keeps, which splits everything; ZeRO-1 splits "
+                      "only AdamW's state"),
+    (lambda n: (1 + 3 / n) / 4,
+     "that splits the gradients too (ZeRO-2): ZeRO-1 splits only AdamW's state"),
+    (lambda n: 1.0,
+     "a ZeRO-1 process holds less than a DDP process: AdamW's state is split between the ranks"),
+    (lambda n: (1 + 1 + 2 * (n - 1) / n) / 4,
+     "right for two ranks only: with more ranks, each one keeps the moments of a smaller share of the "
+     "parameters, not a larger one"),
+    (lambda n: (1 + 1 + 1 + 1 / n) / 4,
+     "AdamW's state is both moments: each rank keeps its share of each of them"),
+    (lambda n: n * _zero1(n), "that adds up the n processes: the question asks for one process, on average"),
+    (lambda n: (1 + 1 + 2 / (2 * n)) / 4, "what ZeRO-1 splits is split n ways, one share per rank"),
+]
+
+
 def _judge_zero1_fraction(answer: Any) -> str | None:
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return f"write a fraction such as 0.3, not {type(answer).__name__}"
+    if not callable(answer):
+        return (f"write a function of n (a lambda, as shipped), not {type(answer).__name__}: the check "
+                "tries several numbers of ranks")
+    got = []
+    for n in ZERO1_RANKS:
+        value = answer(n)
+        if value is Ellipsis:
+            raise NotImplementedError  # the answer cell as shipped
+        number = real(value)
+        if number is None:
+            return f"your function must return one number for each n: {NOT_A_NUMBER}"
+        got.append(number)
 
-    def near(value: float) -> bool:
-        return abs(answer - value) < 0.01
+    def matches(rule: Any) -> bool:
+        return all(math.isclose(v, rule(n), rel_tol=1e-3, abs_tol=1e-9)
+                   for v, n in zip(got, ZERO1_RANKS, strict=True))
 
-    # per parameter: the parameter, its gradient and AdamW's two moments, fp32 each; zero1_2 keeps
-    # the first two whole and half of the moments
-    if near((1 + 1 + 2 / 2) / 4):
+    if matches(_zero1):
         return None
-    if near(0.5):
-        return ("that is what an fsdp_2 process keeps, which splits everything; zero1_2 splits only "
-                "AdamW's state")
-    if near(0.625):
-        return "that splits the gradients too (ZeRO-2): zero1_2 splits only AdamW's state"
-    if near(1.0):
-        return "a zero1_2 process holds less than a ddp_2 process: AdamW's state is split between the ranks"
-    if near(0.25) or near(0.375):
-        return "zero1_2 has two ranks: what it splits is split in two, not in four"
-    if near(0.875):
-        return "AdamW's state is both moments: each rank keeps half of each of them"
-    if answer > 1:
-        return "a fraction of ddp_2's state: a number between 0 and 1"
-    return ("count the tensors a ddp_2 process keeps for every parameter, then which of them zero1_2 "
-            "splits between its two ranks")
+    for rule, hint in _ZERO1_WRONG:
+        if matches(rule):
+            return hint
+    if len(set(got)) == 1:
+        return "your function gives the same fraction for every n: what ZeRO-1 splits depends on the ranks"
+    if any(v > 1 or v < 0 for v in got):
+        return "a fraction of a DDP process's state: a number between 0 and 1, for every n"
+    return ("count the tensors a DDP process keeps for every parameter, then which of them ZeRO-1 "
+            "splits between its n ranks")
 
 
 _SYNONYMS = {"shrink": "shrink", "shrinks": "shrink", "smaller": "shrink", "decrease": "shrink",
@@ -89,6 +123,7 @@ _CASES = [  # (parameters, gpu bytes, gpus, activation bytes)
     (3e9, 40e9, 8, 5e9),  # zero2 on a 40 GB GPU
     (10e9, 80e9, 2, 10e9),  # none on 2 GPUs
     (40e9, 80e9, 64, 10e9),  # fsdp on 64 GPUs
+    (38e9, 80e9, 8, 10e9),  # none: FSDP's 76 GB of state fits only without the activations
 ]
 
 
@@ -105,8 +140,9 @@ def _judge_choose(answer: Any) -> str | None:
             continue
         psi, gpu, n, act = args
         call = _call(args)
-        if right == "zero2" and got == "ddp" and _STATE["ddp"](psi, n) <= gpu:
-            return "the model state fits DDP here, but the activations need room too: add them"
+        if got == _choose(psi, gpu, n, 0.0):
+            return (f"{call} gave {got!r}: the model state fits there, but the activations need room too: "
+                    "add them to every strategy's bytes")
         if got == _choose(*args, state_bytes=_MASTER_WEIGHTS):
             return (f"{call} gave {got!r}: that counts 2-byte parameters and gradients beside an fp32 "
                     "master copy, DeepSpeed's and Apex O2's accounting; with torch.autocast or FSDP2's "
@@ -129,7 +165,7 @@ def _judge_choose(answer: Any) -> str | None:
 
 
 CASES: dict[str, list[str]] = {
-    "10.1": ["zero1_2 against ddp_2, AdamW in fp32"],
+    "10.1": [f"ZeRO-1 against DDP on {n} rank(s), AdamW in fp32" for n in ZERO1_RANKS],
     "10.2": ["DDP on 2 ranks, a narrower model and fewer rows per step"],
     "10.3": [f"{_call(args)}: parameters, GPU bytes, GPUs, activation bytes" for args in _CASES],
 }

@@ -19,8 +19,9 @@ HSDP      as FSDP, over the G ranks of one node (N nodes of G: the model is repl
 
 Bytes each rank sends per step (ring collectives): DDP, ZeRO-1 and ZeRO-2 ``2 sΨ (N-1)/N``,
 ZeRO-3 ``3 sΨ (N-1)/N`` (a second all-gather of the parameters, for backward). On N nodes of G
-ranks (``link_bytes_per_step``), DDP and FSDP run on one group of all NG ranks, which spans the
-nodes; HSDP sends ``3 sΨ (G-1)/G`` inside its node and ``2 (sΨ/G)(N-1)/N`` between nodes.
+ranks, ``link_bytes_per_step`` says which link those bytes take, rank by rank, in a ring over each
+collective's group in rank order: a rank sends only to the next rank of the ring, so its bytes
+cross between nodes exactly when that rank is on another node.
 """
 
 from __future__ import annotations
@@ -44,15 +45,19 @@ __all__ = [
     "comm_bytes_per_step",
     "fsdp_local_numel",
     "link_bytes_per_step",
+    "ring_steps_between_nodes",
     "sharded_bytes",
     "sharded_ledger",
 ]
 
-#: accounting -> bytes per parameter of (parameters, gradients, AdamW's state) that stay in memory.
-#: ``torch.autocast`` and FSDP2's ``MixedPrecisionPolicy`` keep the parameters, their gradients and
-#: both moments in fp32 (the 16-bit copies live for one forward or one layer: transient), so mixed
-#: precision as this course runs it holds what fp32 holds. DeepSpeed's fp16/bf16 modes and Apex O2
-#: store 16-bit parameters and gradients and keep an fp32 master copy beside the two moments.
+#: accounting -> bytes per parameter of (parameters, gradients, AdamW's state) kept from step to
+#: step. ``torch.autocast`` and FSDP2's ``MixedPrecisionPolicy`` keep the parameters, their gradients
+#: and both moments in fp32, so mixed precision as this course runs it holds what fp32 holds. The
+#: 16-bit copies of the weights are not state, but they are not short-lived either: autograd saves
+#: autocast's copy of each weight whose layer's input needs a gradient (every layer but the first)
+#: for that layer's backward, so about 2 bytes per parameter stay from forward until each layer's
+#: backward (tests/test_mixed_precision_accounting.py). DeepSpeed's fp16/bf16 modes and Apex O2 store
+#: 16-bit parameters and gradients and keep an fp32 master copy beside the two moments.
 BYTES_PER_PARAMETER = {"fp32": (4, 4, 8), "autocast": (4, 4, 8), "master_weights": (2, 2, 12)}
 
 #: strategy -> (parameters, gradients, optimizer state) sharded?
@@ -120,33 +125,63 @@ def comm_bytes_per_step(numel: int, world_size: int, strategy: str, itemsize: in
     return PASSES[strategy] * numel * itemsize * (world_size - 1) / world_size
 
 
-#: where a collective's bytes go: its group's ranks all on one node, or on several
+#: the link a rank's bytes take: to a rank of its own node, or to a rank on another node
 LINKS = ("inside node", "between nodes")
 
 
-def link_bytes_per_step(numel: int, nodes: int, gpus_per_node: int, strategy: str,
-                        itemsize: int = 4) -> dict[str, float]:
-    """Bytes one rank sends per step on groups inside one node and on groups that span nodes, with
-    ``nodes`` nodes of ``gpus_per_node`` ranks (notebook 09). DDP and FSDP run on one group of all
-    the ranks: with two nodes or more, all of it spans nodes. HSDP reduce-scatters and all-gathers
-    (twice) over the G ranks of its node, ``3 sΨ(G-1)/G``, and all-reduces its gradient shard
-    over the N ranks that hold the same shard, one per node: ``2 (sΨ/G)(N-1)/N``. ``numel``: Ψ
-    after FSDP's padding (each parameter's rows rounded up to a multiple of the ranks sharing it).
+def link_bytes_per_step(numel: int, nodes: int, gpus_per_node: int, strategy: str, itemsize: int = 4, *,
+                        rank: int | None = None, reshard_after_forward: int | None = None,
+                        micro_batches: int = 1) -> dict[str, float]:
+    """Bytes ``rank`` sends per step on each link, ranks laid out ``gpus_per_node`` to a node in
+    order (rank r on node r // G), every collective a ring over its group in rank order, in which
+    a rank sends only to the next one: an all-gather or reduce-scatter of B bytes over n ranks
+    (n-1)B/n, an all-reduce twice that. Without ``rank``: the mean over the N·G ranks (what each
+    GPU's network card carries when the rings' crossings are spread over every card).
+
+    ``"ddp"`` all-reduces, ``"fsdp"`` all-gathers twice and reduce-scatters, on the ring of all
+    N·G ranks, which crosses between nodes at each node's last rank only. ``reshard_after_forward``
+    (``"fsdp"``, an int H dividing G): the backward all-gather runs over H ranks of one node.
+    ``"hsdp"``: the all-gathers and the reduce-scatter over the G ranks of the node
+    (``micro_batches`` times), one all-reduce of the 1/G shard over the N ranks holding it, one per
+    node, all of whose hops cross. ``numel``: Ψ after FSDP's padding.
     """
     if strategy not in ("ddp", "fsdp", "hsdp"):
         raise ValueError(f"strategy must be one of ('ddp', 'fsdp', 'hsdp'), got {strategy!r}")
     nodes = check_positive_int("nodes", nodes)
-    gpus = check_positive_int("gpus_per_node", gpus_per_node)
+    g = check_positive_int("gpus_per_node", gpus_per_node)
     if check_int("numel", numel) < 0:
         raise ValueError(f"numel must be >= 0, got {numel}")
-    if strategy == "hsdp":
-        inside = comm_bytes_per_step(numel, gpus, "fsdp", itemsize)
-        between = 2 * (numel * itemsize / gpus) * (nodes - 1) / nodes
-    else:
-        inside, between = 0.0, comm_bytes_per_step(numel, nodes * gpus, strategy, itemsize)
-        if nodes == 1:
-            inside, between = between, 0.0
-    return dict(zip(LINKS, (inside, between), strict=True))
+    k = check_positive_int("micro_batches", micro_batches)
+    if reshard_after_forward is not None and (strategy != "fsdp" or g % check_positive_int(
+            "reshard_after_forward", reshard_after_forward)):
+        raise ValueError(f"reshard_after_forward must be None, or with 'fsdp' an int dividing "
+                         f"gpus_per_node ({g}), got {reshard_after_forward!r}")
+    world, size = nodes * g, numel * itemsize
+    if rank is not None and not 0 <= check_int("rank", rank) < world:
+        raise ValueError(f"rank must be in [0, {world}), got {rank}")
+    if strategy == "hsdp":  # every rank alike: its node's ring, then a ring of one rank per node
+        return dict(zip(LINKS, (3 * k * size * (g - 1) / g, 2 * size / g * (nodes - 1) / nodes),
+                        strict=True))
+    passes = {"ddp": 2, "fsdp": 3 if reshard_after_forward is None else 2}[strategy]
+    flat = passes * size * (world - 1) / world  # on the ring of all ranks
+    h = reshard_after_forward or 1
+    node_ring = size * (h - 1) / h  # the backward all-gather over H ranks of one node (or none)
+    crosses = 0.0 if nodes == 1 else 1 / g if rank is None else float(rank % g == g - 1)
+    return dict(zip(LINKS, (flat * (1 - crosses) + node_ring, flat * crosses), strict=True))
+
+
+def ring_steps_between_nodes(nodes: int, gpus_per_node: int, strategy: str) -> int:
+    """Steps per layer (per bucket under DDP) of the rings that cross between nodes, each of which
+    waits on the network: a ring collective over n ranks takes n-1 steps (an all-reduce 2(n-1)),
+    and in each one every rank sends a chunk to the next. ``"ddp"``: an all-reduce over all N·G
+    ranks; ``"fsdp"``: two all-gathers and a reduce-scatter over them; ``"hsdp"``: an all-reduce
+    over N ranks, one per node (its all-gathers and reduce-scatter stay inside the node)."""
+    if strategy not in ("ddp", "fsdp", "hsdp"):
+        raise ValueError(f"strategy must be one of ('ddp', 'fsdp', 'hsdp'), got {strategy!r}")
+    nodes, g = check_positive_int("nodes", nodes), check_positive_int("gpus_per_node", gpus_per_node)
+    if nodes == 1:
+        return 0
+    return {"ddp": 2 * (nodes * g - 1), "fsdp": 3 * (nodes * g - 1), "hsdp": 2 * (nodes - 1)}[strategy]
 
 
 @dataclasses.dataclass

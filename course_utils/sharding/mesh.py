@@ -4,11 +4,12 @@ Four ranks stand for 2 nodes of 2 GPUs. ``mesh_2d`` lays them out as a (nodes, g
 mesh whose dimensions are named for what the model does along them: ``"replicate"`` (across
 nodes: one rank per node, each holding the same shard) and ``"shard"`` (inside a node: the ranks
 that split the model between them). ``mesh_rank`` trains ``toy_model()`` on the same rows as
-notebook 09's FSDP section three ways, DDP and FSDP on the flat group of all ranks and HSDP on the
-mesh, and counts what each rank sends with ``logged_links``: every collective torch's own code
-runs, in bytes per rank (the ring model of ``zero.CommLog``), on the group it ran on, split into
-the groups that stay inside one node and those that span nodes. ``sharding.link_bytes_per_step``
-is the formula the counts must equal.
+notebook 09's FSDP section five ways: DDP and FSDP on the flat group of all ranks, FSDP with
+``reshard_after_forward`` set to the node size, HSDP on the mesh, and HSDP accumulating two
+micro-batches with ``set_requires_all_reduce(False)``. ``logged_links`` counts what each rank
+sends in every collective torch's own code runs, in a ring over the collective's group in rank
+order (``LinkLog``), on the link to the next rank of that ring: inside its node or between nodes.
+``ledgers.link_bytes_per_step`` is the formula the counts must equal.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .ledgers import LINKS
+from .ledgers import LINKS, link_bytes_per_step
 from .runs import logged_collectives, model_state_bytes, shard_layers, toy_batches, toy_model
 
-__all__ = ["MESH_DIMS", "LinkLog", "describe_mesh", "logged_links", "mesh_2d", "mesh_rank", "node_of"]
+__all__ = ["MESH_DIMS", "RUNS", "LinkLog", "describe_mesh", "logged_links", "mesh_2d", "mesh_rank", "node_of",
+           "run_link_bytes", "train"]
 
 #: the mesh's dimensions, outer first: across nodes the model is replicated, inside one it is sharded
 MESH_DIMS = ("replicate", "shard")
@@ -34,9 +36,10 @@ def node_of(rank: int, gpus_per_node: int) -> int:
 
 
 class LinkLog:
-    """Bytes one rank sends in each collective (a ring over the collective's group, as
-    ``zero.CommLog`` counts them), split by link: ``"inside node"`` when every rank of the group
-    is on this rank's node, ``"between nodes"`` when the group spans nodes (notebook 09)."""
+    """Bytes one rank sends in each collective, in a ring over the collective's group in rank
+    order, as ``zero.CommLog`` counts them: a rank sends only to the next rank of that ring, so all
+    its bytes go on one link, ``"inside node"`` when that rank is on its node, ``"between nodes"``
+    when it is not (notebook 09). ``groups``: the groups whose ring it sent on, by link."""
 
     def __init__(self, gpus_per_node: int) -> None:
         self.gpus_per_node = gpus_per_node
@@ -47,17 +50,18 @@ class LinkLog:
         """Log one collective; ``tensor`` as for ``CommLog.count``, ``group`` the one it ran on."""
         import torch.distributed as dist
 
-        ranks = tuple(dist.get_process_group_ranks(dist.group.WORLD if group is None else group))
-        n, nbytes = len(ranks), tensor.nbytes
+        if kind == "broadcast":  # who sends depends on the source, which the log is not told
+            raise ValueError("LinkLog counts all-reduces, all-gathers and reduce-scatters, not broadcasts")
+        ranks = sorted(dist.get_process_group_ranks(dist.group.WORLD if group is None else group))
+        n, nbytes, me = len(ranks), tensor.nbytes, dist.get_rank()
         if kind == "all_reduce":
             sent = 2 * nbytes * (n - 1) / n
-        elif kind == "broadcast":
-            sent = nbytes * (n - 1) / n
         else:  # reduce-scatter (the output, a shard) and all-gather (the input, a shard): N-1 shards
             sent = (n - 1) * nbytes
-        link = LINKS[len({node_of(r, self.gpus_per_node) for r in ranks}) > 1]
+        after = ranks[(ranks.index(me) + 1) % n]  # the next rank of the ring, which receives it all
+        link = LINKS[node_of(after, self.gpus_per_node) != node_of(me, self.gpus_per_node)]
         self.sent[link][kind] = self.sent[link].get(kind, 0.0) + sent
-        self.groups[link].add(ranks)
+        self.groups[link].add(tuple(ranks))
 
     def per_step(self, steps: int) -> dict[str, dict[str, float]]:
         """Bytes sent per step: link -> kind of collective -> bytes."""
@@ -97,21 +101,42 @@ def describe_mesh(mesh: Any, gpus_per_node: int) -> dict:
                                 for name, ranks in groups.items()}}
 
 
-def _train(model: nn.Module, batches: list, lr: float) -> torch.optim.Optimizer:
+def train(model: nn.Module, batches: list, lr: float, micro_batches: int = 1) -> torch.optim.Optimizer:
+    """AdamW on ``batches``, each cut into ``micro_batches`` whose gradients add up before the
+    step; under HSDP only the last micro-batch all-reduces across nodes."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     for x, y in batches:
         optimizer.zero_grad()
-        nn.functional.mse_loss(model(x), y).backward()
+        # region: accumulate
+        for i, (xm, ym) in enumerate(zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True)):
+            if micro_batches > 1:  # HSDP: reduce-scatter inside the node each time, all-reduce once
+                model.set_requires_all_reduce(i == micro_batches - 1)
+            loss = nn.functional.mse_loss(model(xm), ym) * len(xm) / len(x)  # its share of the batch
+            loss.backward()
+        # endregion
         optimizer.step()
     return optimizer
 
 
+#: mesh_rank's runs: name -> (strategy, reshard_after_forward set to the node size?, micro-batches);
+#: "hsdp" runs on the 2-D mesh, the others on the flat group of all ranks
+RUNS = {"ddp": ("ddp", False, 1), "fsdp": ("fsdp", False, 1), "fsdp_node": ("fsdp", True, 1),
+        "hsdp": ("hsdp", False, 1), "hsdp_accum": ("hsdp", False, 2)}
+
+
+def run_link_bytes(run: str, numel: int, nodes: int, gpus_per_node: int, rank: int | None = None) -> dict:
+    """``ledgers.link_bytes_per_step`` for one of the ``RUNS``."""
+    strategy, node_size, micro_batches = RUNS[run]
+    return link_bytes_per_step(numel, nodes, gpus_per_node, strategy, rank=rank, micro_batches=micro_batches,
+                               reshard_after_forward=gpus_per_node if node_size else None)
+
+
 def mesh_rank(rank: int, world_size: int, nodes: int = 2, steps: int = 3, rows: int = 12,
               lr: float = 1e-2) -> dict:
-    """One of ``world_size`` ranks on ``nodes`` nodes: DDP on all ranks, FSDP on all ranks and
-    HSDP on a (nodes, world_size // nodes) mesh, each trained on this rank's rows of the FSDP
-    section's batches. Returns the mesh as this rank sees it and, per run, the full parameters
-    after training, the bytes of model state held and the bytes sent per step on each link."""
+    """One of ``world_size`` ranks on ``nodes`` nodes: the ``RUNS``, each trained on this rank's
+    rows of the FSDP section's batches. Returns the mesh as this rank sees it and, per run, the
+    full parameters after training, the bytes of model state held and the bytes sent per step on
+    each link."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     from ..devices import rank_device, wrap_ddp
@@ -121,22 +146,23 @@ def mesh_rank(rank: int, world_size: int, nodes: int = 2, steps: int = 3, rows: 
                for x, y in toy_batches(steps, rows)]
     mesh = mesh_2d(nodes, gpus_per_node)
     out: dict = {"mesh": describe_mesh(mesh, gpus_per_node), "device": str(device)}
-    logs = {run: LinkLog(gpus_per_node) for run in ("ddp", "fsdp", "hsdp")}
+    logs = {run: LinkLog(gpus_per_node) for run in RUNS}
 
     model = toy_model().to(device)
     ddp_model = wrap_ddp(model, device)
     ddp_model.register_comm_hook(None, default_hooks.allreduce_hook)  # DDP's all-reduce, counted
     with logged_links(logs["ddp"]):
-        optimizer = _train(ddp_model, batches, lr)
+        optimizer = train(ddp_model, batches, lr)
     out["ddp"] = {"parameters": [p.detach().cpu() for p in model.parameters()],
                   "held": model_state_bytes(model, optimizer)}
     del ddp_model
 
-    for run in ("fsdp", "hsdp"):
+    for run, (strategy, node_size, micro_batches) in list(RUNS.items())[1:]:
         with logged_links(logs[run]):
             # region: hsdp
-            model = shard_layers(toy_model().to(device), mesh=mesh if run == "hsdp" else None)
-            optimizer = _train(model, batches, lr)
+            model = shard_layers(toy_model().to(device), mesh=mesh if strategy == "hsdp" else None,
+                                 reshard_after_forward=gpus_per_node if node_size else None)
+            optimizer = train(model, batches, lr, micro_batches)
             # endregion
         weight = model[0].weight
         out[run] = {"parameters": [p.full_tensor().cpu() for p in model.parameters()],

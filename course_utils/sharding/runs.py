@@ -154,13 +154,13 @@ def zero_by_hand_rank(rank: int, world_size: int, stages: Sequence[int] = (0, 1,
 
 
 def shard_layers(model: nn.Module, *, mixed_precision: bool = False,
-                 reshard_after_forward: bool | None = None, mesh: Any = None) -> nn.Module:
+                 reshard_after_forward: bool | int | None = None, mesh: Any = None) -> nn.Module:
     """FSDP2: ``fully_shard`` on each ``nn.Linear`` of ``model`` (one unit each), then on the root;
     over all ranks, or over ``mesh`` (a 2-D ``DeviceMesh``: HSDP, :mod:`course_utils.sharding.mesh`).
 
-    ``reshard_after_forward``: ``fully_shard``'s own default, ``None``, frees each layer's gathered
-    parameters after its forward but keeps the root's (it has none of its own here); ``False``
-    keeps every layer's from forward to backward."""
+    ``reshard_after_forward``: ``fully_shard``'s default, ``None``, frees each layer's gathered parameters
+    after its forward but keeps the root's (none here); ``False`` keeps every layer's until backward; an
+    int H keeps them sharded over H ranks (a node's), where the backward all-gather then runs."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
