@@ -7,8 +7,8 @@ from typing import Any
 
 from .answers import NOT_A_NUMBER, real, whole
 
-#: 11.2: (rows, world size), including sizes that do not divide evenly
-SHARD_CASES = [(n, w) for n in (10, 7, 12, 3, 1) for w in (1, 2, 3, 4)]
+#: 11.2: (rows, world size), including sizes that do not divide evenly, and no rows at all
+SHARD_CASES = [(n, w) for n in (10, 7, 12, 3, 1, 0) for w in (1, 2, 3, 4)]
 #: 11.6: the models, each with parameters that forward never uses
 NO_GRAD_MODELS = ("TwoHeads", "a stack whose middle layer is skipped")
 #: 11.9: calls in a row, the random generators seeded alike before each
