@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .answers import reals
+from .answers import reals, whole
 from .core import changed, load_bank, snapshot, untimed
 
 __all__ = ["CASES", "EXERCISES"]
@@ -73,6 +73,9 @@ def _returned_x() -> set[int]:
 def _judge_same_objects(answer: Any) -> str | None:
     if isinstance(answer, (set, frozenset)):
         answer = sorted(answer, key=str)
+    if whole(answer) is not None:
+        return ("write which calls return x itself, as a list of their numbers (there are only four "
+                "calls, numbered 1 to 4), not how many do")
     numbers = reals(answer) if not isinstance(answer, (str, bytes)) else None
     if numbers is None:
         return ("write the numbers of the calls (1 to 4) that return x itself, as a list such as "
