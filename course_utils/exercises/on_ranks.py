@@ -181,8 +181,9 @@ def _batch_rank(rank: int, world_size: int, rank_fn: Callable[..., Any], items: 
         try:
             store.wait(keys, datetime.timedelta(seconds=3))
         except Exception:  # noqa: BLE001 - a rank is stuck in what the item left open: stop it
-            for late in (r for r in range(world_size) if not store.check([keys[r]])):
-                os.kill(int(store.get(f"course-batch/pid/{late}")), signal.SIGKILL)
+            kill = getattr(signal, "SIGKILL", signal.SIGTERM)
+            [os.kill(int(store.get(f"course-batch/pid/{r}")), kill) for r in range(world_size)
+             if not store.check([keys[r]])]
             return
         if len({store.get(key) for key in keys}) != 1:
             return  # out of step
@@ -273,9 +274,8 @@ def collectives_recorded() -> Iterator[list[str] | None]:
 
 @contextlib.contextmanager
 def reductions_recorded() -> Iterator[list[tuple[str, int]] | None]:
-    """On a rank: as :func:`collectives_recorded`, each collective with the number of values it was
-    handed (the Flight Recorder's input sizes), so that a judge can tell the gradients from a
-    token: ``("all_reduce", 30)``. None where this torch cannot dump the recorder."""
+    """On a rank: as :func:`collectives_recorded`, each with the values it was handed (the Flight
+    Recorder's input sizes: gradients, not a token), ``("all_reduce", 30)``; None without a recorder."""
     import math
 
     from ..compat import dump_flight_recorder
