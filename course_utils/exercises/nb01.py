@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .answers import reals, whole
 from .core import changed, load_bank, snapshot, untimed
 
 __all__ = ["CASES", "EXERCISES"]
@@ -17,10 +18,13 @@ _MISSING = [(2, 1), (1, 1), (4, 4), (-1, 2), (7, 3)]
 #: 01.3's targets: two dtypes and a device (the meta device, which every machine has), twice named
 _TARGETS = [("torch.float64", torch.float64), ("torch.bfloat16", torch.bfloat16),
             ("torch.device('meta')", torch.device("meta")), ("'meta' (a device named by a string)", "meta")]
+#: 01.2's calls, numbered from 1 as in the question
+_CALLS = ('x.to(torch.float32)', 'x.to("cpu", torch.float16)', 'x.to("cpu", torch.float32)',
+          'x.to("cpu", copy=True)')
 
 CASES: dict[str, list[str]] = {
     "01.1": [f"index={i}, gpu_count={n}" for i, n in _NO_GPU + _EXISTS + _MISSING],
-    "01.2": ["four .to() calls on a float32 CPU tensor"],
+    "01.2": [f"call {i}: {call}, x a float32 CPU tensor" for i, call in enumerate(_CALLS, start=1)],
     "01.3": [f"target={label}, a Linear(3, 1) and a batch of 4 rows" for label, _ in _TARGETS],
 }
 
@@ -58,23 +62,41 @@ def _judge_device_name(answer: Any) -> str | None:
     return None
 
 
-def _judge_same_objects(answer: Any) -> str | None:
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not float(answer).is_integer():
-        return f"write a whole number of calls (0 to 4), not {answer!r}"
+def _returned_x() -> set[int]:
+    """The numbers of the calls that hand back x itself, run here."""
     x = torch.zeros(3)
-    calls = [x.to("cpu"), x.to(torch.float32), x.to("cpu", torch.float16), x.to("cpu", copy=True)]
-    right = sum(out is x for out in calls)
-    if answer == right:
+    calls = [x.to(torch.float32), x.to("cpu", torch.float16), x.to("cpu", torch.float32),
+             x.to("cpu", copy=True)]
+    return {i for i, out in enumerate(calls, start=1) if out is x}
+
+
+def _judge_same_objects(answer: Any) -> str | None:
+    if isinstance(answer, (set, frozenset)):
+        answer = sorted(answer, key=str)
+    if whole(answer) is not None:
+        return ("write which calls return x itself, as a list of their numbers (there are only four "
+                "calls, numbered 1 to 4), not how many do")
+    numbers = reals(answer) if not isinstance(answer, (str, bytes)) else None
+    if numbers is None:
+        return ("write the numbers of the calls (1 to 4) that return x itself, as a list such as "
+                "[2, 4] (an empty list if none does): whole numbers, not text or True/False")
+    if any(not n.is_integer() or not 1 <= n <= len(_CALLS) for n in numbers):
+        return f"number the calls as the question does, 1 to {len(_CALLS)}, each a whole number"
+    got, right = {int(n) for n in numbers}, _returned_x()
+    if got == right:
         return None
-    if not 0 <= answer <= 4:
-        return "there are only four calls; count those that return the very object x"
-    if answer == 0:
+    if not got:
         return "when nothing has to change, .to() does no work at all: it hands back the tensor itself"
-    if answer < right:
-        return ("one of the calls you counted as a copy asks for nothing new: compare what each call "
-                "asks for with the device and dtype x already has")
-    return ("some of the calls you counted cannot hand back x itself: look again at the ones that "
-            "change something, and at the one that asks for a copy whatever happens")
+    if got == set(range(1, len(_CALLS) + 1)):
+        return "some of the calls change something, or ask for a copy: those cannot hand back x itself"
+    extra = got - right
+    if any("copy=True" not in _CALLS[i - 1] for i in extra):
+        return ("one of the calls you chose changes x's dtype: it returns a new tensor, even when it "
+                "names the device x is already on")
+    if extra:
+        return "a call that asks for a copy (copy=True) never hands back x itself, even when nothing changes"
+    return ("one of the calls you left out asks for nothing new: compare what each call asks for with "
+            "what x already is (float32, on the CPU); naming a device or a dtype is not a change")
 
 
 def _judge_to_target(answer: Any) -> str | None:

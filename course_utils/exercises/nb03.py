@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..dataparallel.splits import split_sizes
+from .answers import reals
 from .core import changed, load_bank, snapshot
 
 __all__ = ["CASES", "EXERCISES"]
@@ -134,9 +135,10 @@ def _strip_hint(keys: tuple[str, ...], got: dict) -> str:
 
 
 def _judge_weights(answer: Any) -> str | None:
-    if not isinstance(answer, (list, tuple)) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in answer):
+    weights = reals(answer) if not isinstance(answer, (str, bytes)) else None
+    if weights is None:
         return f"write a list of numbers, one weight per returned loss, not {answer!r}"
+    answer = weights
     sizes = split_sizes(10, 4)  # torch.chunk's pieces: what each replica's loss averages over
     even = [10 // 4 + (1 if i < 10 % 4 else 0) for i in range(4)]  # torch.tensor_split's
 

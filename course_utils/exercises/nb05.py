@@ -6,75 +6,110 @@ from typing import Any
 
 import torch
 
-from .core import load_bank, not_a_pair, untimed
+from .answers import reals, whole
+from .core import load_bank, untimed
 from .on_ranks import run_on_ranks
 
 __all__ = ["CASES", "EXERCISES"]
 
 
-def _whole_number(answer: Any, what: str) -> str | None:
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return f"write {what} as a number, not {type(answer).__name__}"
-    if answer != int(answer):
-        return f"{what} is a whole number"
-    return None
+#: 05.1's ring sizes, for 4096 float32 values: at 4 ranks "1.5 times the tensor" or "a step sends as
+#: many bytes as the tensor has values" give the right bytes too; at 8 they do not
+RING_RANKS, RING_VALUES, RING_ITEMSIZE = (4, 8), 4096, 4
+#: 05.2's data sets on 4 ranks, drop_last=False: at 9 samples "the remainder" or "one padded sample"
+#: do not give the duplicates; at 12 (no duplicates) "ranks minus the remainder" does not
+SAMPLER_SIZES, SAMPLER_RANKS = (9, 12), 4
+
+
+def _wholes(answer: Any, length: int) -> list[int] | None:
+    """``answer`` as ``length`` whole numbers, however each is written; else None."""
+    numbers = reals(answer, length) if not isinstance(answer, (str, bytes)) else None
+    if numbers is None or any(not n.is_integer() for n in numbers):
+        return None
+    return [int(n) for n in numbers]
 
 
 def _judge_ring_bytes(answer: Any) -> str | None:
-    wrong_type = _whole_number(answer, "the bytes each rank sends")
-    if wrong_type:
-        return wrong_type
+    got = _wholes(answer, len(RING_RANKS))
+    if got is None:
+        return (f"write a pair of whole numbers of bytes (each rank's sends on {RING_RANKS[0]} ranks, on "
+                f"{RING_RANKS[1]} ranks), not a {type(answer).__name__}")
+    for ranks, sent in zip(RING_RANKS, got, strict=True):
+        hint = _ring_hint(ranks, sent)
+        if hint:
+            return hint
+    return None
+
+
+def _ring_hint(ranks: int, answer: int) -> str | None:
     from course_utils.ddp.collectives import ring_bytes_per_rank
 
-    values, ranks, itemsize = 4096, 4, 4
-    size = values * itemsize
+    size = RING_VALUES * RING_ITEMSIZE
     right = int(ring_bytes_per_rank(size, ranks))
     if answer == right:
         return None
-    if answer == right // itemsize:
-        return "that counts values, not bytes: a float32 value is 4 bytes"
+    on = f"on {ranks} ranks: "
+    if answer == right // RING_ITEMSIZE:
+        return on + "that counts values, not bytes: a float32 value is 4 bytes"
     if answer in (right / 1024, right / 1000):
-        return "that is in KiB (or kB): the question asks for bytes"
+        return on + "that is in KiB (or kB): the question asks for bytes"
     if answer == right // 2:
-        return "you counted one phase: the ring has a second one, after the reduce-scatter"
+        return on + "you counted one phase: the ring has a second one, after the reduce-scatter"
+    if answer == 2 * (ranks - 1) * RING_VALUES:
+        return (on + "a step sends one chunk: the tensor's bytes split over the ranks, not as many bytes "
+                "as the tensor has values")
     if answer == 2 * size:
-        return ("that is twice the whole tensor: at each step of the ring a rank sends one chunk, not the "
-                "whole tensor; count the steps in each phase")
+        return (on + "that is twice the whole tensor: at each step of the ring a rank sends one chunk, not "
+                "the whole tensor; count the steps in each phase")
     if answer == 2 * (ranks - 1) * size:
-        return ("that is what rank 0 moves when everyone sends the whole tensor to it; in the ring "
+        return (on + "that is what rank 0 moves when everyone sends the whole tensor to it; in the ring "
                 "every step sends one chunk")
     if answer == size:
-        return "that is the whole tensor once; count one rank's sends step by step, in both phases"
-    return ("count one rank's sends over the two phases above: how many steps each has, and how big "
-            "is what a rank sends at each step?")
+        return on + "that is the whole tensor once; count one rank's sends step by step, in both phases"
+    if answer * 2 == 3 * size:
+        return (on + "the share of the tensor a rank sends grows with the number of ranks: count the "
+                "steps of each phase and the size of a chunk for this ring")
+    return (on + "count one rank's sends over the two phases above: how many steps each has, and how "
+            "big is what a rank sends at each step?")
 
 
 def _judge_sampler_reads(answer: Any) -> str | None:
-    # each number's own type hint follows (_whole_number)
-    wrong_shape = not_a_pair(answer, "(samples each rank reads per epoch, duplicate reads in total)",
-                             whole=False)
-    if wrong_shape:
-        return wrong_shape
-    per_rank, duplicates = answer
-    for value, what in ((per_rank, "samples per rank"), (duplicates, "duplicate reads")):
-        wrong_type = _whole_number(value, what)
-        if wrong_type:
-            return wrong_type
+    what = "(samples per rank, duplicate reads)"
+    if not (isinstance(answer, (tuple, list)) and len(answer) == len(SAMPLER_SIZES)):
+        return (f"write a pair of pairs, one for {SAMPLER_SIZES[0]} samples, one for {SAMPLER_SIZES[1]}: "
+                f"{what}")
+    for size, pair in zip(SAMPLER_SIZES, answer, strict=True):
+        got = _wholes(pair, 2)
+        if got is None:
+            return f"for {size} samples write a pair of whole numbers {what}, not a {type(pair).__name__}"
+        hint = _reads_hint(size, *got)
+        if hint:
+            return hint
+    return None
+
+
+def _reads_hint(size: int, per_rank: int, duplicates: int) -> str | None:
     from torch.utils.data.distributed import DistributedSampler
 
-    shards = [list(DistributedSampler(range(10), num_replicas=4, rank=r, shuffle=False)) for r in range(4)]
-    right_per_rank, right_duplicates = len(shards[0]), sum(map(len, shards)) - 10
+    ranks = SAMPLER_RANKS
+    shards = [list(DistributedSampler(range(size), num_replicas=ranks, rank=r, shuffle=False))
+              for r in range(ranks)]
+    right_per_rank, right_duplicates = len(shards[0]), sum(map(len, shards)) - size
     if per_rank != right_per_rank:
-        if per_rank * 4 < 10:
-            return ("with drop_last=False nothing is dropped: every sample is read, and every rank "
-                    "reads the same number")
-        return "every rank reads the same number of samples, but no more than it takes to read them all"
+        if per_rank * ranks < size:
+            return (f"with {size} samples: with drop_last=False nothing is dropped: every sample is read, "
+                    "and every rank reads the same number")
+        return (f"with {size} samples: every rank reads the same number of samples, but no more than it "
+                "takes to read them all")
     if duplicates != right_duplicates:
         if duplicates == 0:
-            return ("4 ranks times the samples per rank is more than 10: the sampler pads with samples "
-                    "from the start, so some are read twice")
-        return ("a duplicate is a read beyond the 10 samples the data set has: count the reads of all "
-                "ranks together")
+            return (f"with {size} samples: {ranks} ranks times the samples per rank is more than {size}: "
+                    "the sampler pads with samples from the start, so some are read twice")
+        if right_duplicates == 0:
+            return (f"with {size} samples the ranks' reads add up to the data set exactly: the sampler pads "
+                    "only to make the shards equal, and here they already are")
+        return (f"with {size} samples: a duplicate is a read beyond the {size} samples the data set has: "
+                "count the reads of all ranks together")
     return None
 
 
@@ -86,8 +121,8 @@ TWO_HEADS_WORLDS = (2, 3)
 _EPOCHS_TRIED = 64
 
 CASES: dict[str, list[str]] = {
-    "05.1": ["4096 float32 values, 4 ranks"],
-    "05.2": ["10 samples, 4 ranks, drop_last=False"],
+    "05.1": [f"{RING_VALUES} float32 values, {n} ranks" for n in RING_RANKS],
+    "05.2": [f"{n} samples, {SAMPLER_RANKS} ranks, drop_last=False" for n in SAMPLER_SIZES],
     "05.3": [f"{n} samples on {w} ranks, {e} epochs" for n, w, e in EPOCH_CASES],
     "05.4": [f"world_size={w}, 2 SGD steps, each rank its own rows" for w in TWO_HEADS_WORLDS],
 }
@@ -101,6 +136,14 @@ def _judge_epoch_orders(answer: Any) -> str | None:
     return None
 
 
+def _indices(order: Any) -> list[int] | None:
+    """An epoch's order as a list of whole numbers (a list, a tensor, NumPy's), else None."""
+    if order is None or isinstance(order, (str, bytes)) or not hasattr(order, "__iter__"):
+        return None
+    values = [whole(v) for v in order]
+    return None if any(v is None for v in values) else values  # type: ignore[return-value]
+
+
 def _epoch_orders_case(answer: Any, size: int, world_size: int, epochs: int) -> str | None:
     from torch.utils.data.distributed import DistributedSampler
 
@@ -110,10 +153,11 @@ def _epoch_orders_case(answer: Any, size: int, world_size: int, epochs: int) -> 
     runs = []
     for rank in range(world_size):  # the same answer on every rank, as a training script runs it
         got = answer(sampler(rank), epochs)
-        if not (isinstance(got, dict) and sorted(got) == list(range(epochs))):
+        orders = [_indices(got.get(epoch)) for epoch in range(epochs)] if isinstance(got, dict) else None
+        if orders is None or len(got) != epochs or any(order is None for order in orders):
             return ("return a dict with one list of indices per epoch: "
                     "{0: [...], 1: [...], 2: [...], 3: [...]}")
-        runs.append([list(got[epoch]) for epoch in range(epochs)])
+        runs.append(orders)
     per_epoch = [[run[epoch] for run in runs] for epoch in range(epochs)]  # every rank's order
     samplers = [sampler(rank) for rank in range(world_size)]
     given = []  # for each sampler epoch, every rank's order
@@ -150,13 +194,14 @@ def _epoch_orders_case(answer: Any, size: int, world_size: int, epochs: int) -> 
 
 
 def two_heads_rank(rank: int, world_size: int, answer: Any) -> dict:
-    """One rank of exercise 05.4's check: the answer's parameters, and the collectives that ran on
-    the group (DDP's reducer included, from the Flight Recorder)."""
-    from .on_ranks import collectives_recorded
+    """One rank of exercise 05.4's check: the answer's parameters, and how many values the rank
+    all-reduced (DDP's reducer included, from the Flight Recorder; None where this torch has none)."""
+    from .on_ranks import reductions_recorded
 
-    with collectives_recorded() as kinds:
+    with reductions_recorded() as recorded:
         params = answer(rank, world_size)
-    return {"params": params, "kinds": kinds}
+    return {"params": params, "reduced": None if recorded is None else
+            sum(n for kind, n in recorded if kind == "all_reduce")}
 
 
 def _judge_two_heads(answer: Any) -> str | None:
@@ -204,8 +249,9 @@ def _two_heads_case(answer: Any, world_size: int) -> str | None:
             return (f"with {world_size} ranks the ranks agree, but not with one process training on "
                     "every rank's rows: keep the training loop as it was and change only how the "
                     "model is wrapped")
-    if any(r["kinds"] is not None and "all_reduce" not in r["kinds"] for r in results):
-        return ("the parameters are right, but no rank all-reduced a gradient: each rank computed the "
+    used = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("unused"))
+    if any(r["reduced"] is not None and r["reduced"] < 2 * used for r in results):  # 2 steps' gradients
+        return ("the parameters are right, but no rank all-reduced its gradients: each rank computed the "
                 "other ranks' rows itself, which only works because the check can; train each rank "
                 "on its own rows under DDP")
     return None

@@ -5,17 +5,24 @@ busy machine is not cut off."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
+import torch
+
 from ..debugging.hangs import HANG_FRESH_S  # noqa: F401 - the notebook's allowance (tests/test_debugging.py)
-from .core import load_bank
+from .answer_cells import _unattempted
+from .answers import real
+from .core import Exercise, Verdict, find, load_bank, verdict
 from .nb11_local import (  # the judges that run no ranks
     NO_GRAD_MODELS,
+    SHARD_CASES,
     STORE_CALLS,
     _judge_first_mismatch,
     _judge_no_grad,
     _judge_ratio,
+    _judge_shards,
     _judge_start_methods,
     _judge_still_differ,
     _judge_store,
@@ -29,16 +36,15 @@ from .nb11_ranks import (
     saving_rank,
     seeded_weights,
 )
-from .on_ranks import run_on_ranks
+from .on_ranks import Plan, run_plan, run_plans
 
-__all__ = ["CASES", "EXERCISES", "_judge_first_mismatch", "_judge_no_grad", "_judge_ratio",
-           "_judge_start_methods", "_judge_still_differ", "_judge_store"]
+__all__ = ["CASES", "EXERCISES", "HANG_HINT", "PLANS", "_judge_first_mismatch", "_judge_no_grad",
+           "_judge_ratio", "_judge_shards", "_judge_start_methods", "_judge_still_differ", "_judge_store",
+           "verdicts"]
 
 #: The configurations each judge tries (CASES describes them, from the same lists).
 #: 11.1: world sizes, each with the classifier's right rows (None: the notebook's; else drawn)
 EVALUATION_CASES = [(2, None), (3, 1)]
-#: 11.2: (rows, world size), including sizes that do not divide evenly
-SHARD_CASES = [(n, w) for n in (10, 7, 12, 3, 1) for w in (1, 2, 3, 4)]
 #: 11.3: world sizes
 ORDER_WORLDS = (2, 3)
 #: 11.4: batches per rank: the notebook's, then 3 ranks (the check hands the answer a my_batches
@@ -52,11 +58,9 @@ SAVE_DELAYS_S = [0.3, 2.0]
 
 
 
-def run_ranks(fn: Any, world_size: int, *args: Any) -> tuple[list | None, str | None]:
-    """:func:`run_on_ranks` with notebook 11's hang hint."""
-    return run_on_ranks(fn, world_size, *args, hang_hint=(
-        "the ranks hung: one rank waited in a collective that another rank never called, or "
-        "called in a different order"))
+#: what a hang means in notebook 11's checks
+HANG_HINT = ("the ranks hung: one rank waited in a collective that another rank never called, or called "
+             "in a different order")
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -65,56 +69,38 @@ def _max_diff(a: dict, b: dict) -> float:
 
 # ----------------------------------------------------------------------------- 11.1 evaluation
 
-def _judge_evaluation(evaluate_and_report: Any) -> str | None:
+def _evaluation_plan(evaluate_and_report: Any) -> Plan:
     for world_size, seed in EVALUATION_CASES:
-        results, hint = run_ranks(evaluation_rank, world_size, evaluate_and_report, seed)
+        results, hint = yield (evaluation_rank, world_size, evaluate_and_report, seed)
         if hint:
             return hint + ". Evaluation that all-reduces is a collective: every rank must run it"
         if any(not r["kinds"] for r in results):
             return ("a rank ran no collective: every rank takes part in the evaluation (each counts "
                     "its own shard, and the counts are all-reduced); only the reporting is rank 0's")
-        value = results[0]["value"]
-        if value is None:
+        idle = next((rank for rank, r in enumerate(results) if not r["rows"]), None)
+        missed = sorted(set(range(10)) - {i for r in results for i in r["rows"]})
+        if idle is not None or missed:
+            who = f"rank {idle} evaluated no rows" if idle is not None else f"no rank evaluated rows {missed}"
+            return (f"with {world_size} ranks {who}: each rank must evaluate its own shard, so that "
+                    "together they cover every row, and the counts are then all-reduced")
+        value = real(results[0]["value"])
+        if results[0]["value"] is None:
             return "rank 0 should return the accuracy over the whole set (it returned None)"
-        if not isinstance(value, (int, float)) or abs(value - drawn_accuracy(seed)) > 1e-6:
-            return (f"with {world_size} ranks, rank 0 returned {value!r}, not the accuracy over the "
-                    "whole set: each rank must evaluate its own shard, so that together they cover "
-                    "every row")
+        if value is None or abs(value - drawn_accuracy(seed)) > 1e-6:
+            return (f"with {world_size} ranks, rank 0 returned {results[0]['value']!r}, not the accuracy "
+                    "over the whole set: each rank must evaluate its own shard, so that together they "
+                    "cover every row")
         if any(r["value"] is not None for r in results[1:]):
             return ("only rank 0 reports the number: the other ranks take part in the evaluation and "
                     "return None")
     return None
 
 
-# ----------------------------------------------------------------------------- 11.2 exact shards
-
-def _judge_shards(shard: Any) -> str | None:
-    for n, world_size in SHARD_CASES:
-        shards = [list(shard(n, rank, world_size)) for rank in range(world_size)]
-        flat = [i for s in shards for i in s]
-        twice = sorted({i for i in flat if flat.count(i) > 1})
-        if twice:
-            return (f"with {n} rows on {world_size} ranks, rows {twice} are evaluated by more "
-                    f"than one rank: padding counts them twice in the metric")
-        missing = sorted(set(range(n)) - set(flat))
-        if missing:
-            return (f"with {n} rows on {world_size} ranks, rows {missing} are never evaluated: "
-                    f"the remainder must go somewhere")
-        if sorted(flat) != list(range(n)):
-            return f"with {n} rows the shards hold indices outside 0..{n - 1}: {sorted(flat)}"
-        sizes = [len(s) for s in shards]
-        if max(sizes) - min(sizes) > 1:
-            return (f"with {n} rows on {world_size} ranks the shards hold {sizes} rows: every row is "
-                    "evaluated once, but one rank does the work of several while the others wait; "
-                    "spread the rows so that shards differ by at most one")
-    return None
-
-
 # ----------------------------------------------------------------------------- 11.3 order
 
-def _judge_order(sync_step: Any) -> str | None:
+def _order_plan(sync_step: Any) -> Plan:
     for world_size in ORDER_WORLDS:
-        results, hint = run_ranks(order_rank, world_size, sync_step)
+        results, hint = yield (order_rank, world_size, sync_step)
         if hint:
             return hint + ". Make every rank call the same collectives in the same order"
         for r in results:
@@ -126,6 +112,9 @@ def _judge_order(sync_step: Any) -> str | None:
                         f"(all_reduce); a rank got {r['grads']}")
             if r["flag"] != 0.0:
                 return f"the flag should be rank 0's (broadcast from rank 0); a rank got {r['flag']}"
+            if r["summed"] < 4 * 4:  # the four float32 gradients went through a reduction
+                return ("the gradients come out as the sum, but no rank handed them to a collective "
+                        "that sums: they must come from the other ranks (all_reduce), not be worked out")
             if not set(r["kinds"]) & {"broadcast", "all_gather", "scatter"}:
                 return ("the flag is right only because rank 0's value happens to be the smallest: "
                         "a reduction is not a copy; take rank 0's flag as it is (broadcast)")
@@ -134,20 +123,21 @@ def _judge_order(sync_step: Any) -> str | None:
 
 # ----------------------------------------------------------------------------- 11.4 Join
 
-def _judge_join(train_my_shard: Any) -> str | None:
-    from course_utils.debugging.training_bugs import uneven_reference
+def _join_plan(train_my_shard: Any) -> Plan:
+    from course_utils.debugging.training_bugs import small_model, uneven_reference
 
+    size = sum(p.numel() for p in small_model().parameters())
     for counts in JOIN_CASES:
-        results, hint = run_ranks(join_rank, len(counts), train_my_shard, counts)
+        results, hint = yield (join_rank, len(counts), train_my_shard, counts)
         if hint:
             return (hint + ". Rank 0 has a third batch; its all-reduce waits for a rank that has "
                     "finished: let the finished rank join (or agree on an equal number of batches)")
         weights = [r["weights"] for r in results]
         if any(_max_diff(weights[0], w) > 0 for w in weights[1:]):
             return "the ranks ended with different weights: all of them must train under DDP"
-        if any(r["kinds"] is not None and "all_reduce" not in r["kinds"] for r in results):
-            return ("a rank ran no all-reduce: the ranks must train together under DDP, each on its "
-                    "own batches, not on the others' batches computed alone")
+        if any(r["reduced"] is not None and r["reduced"] < size for r in results):
+            return ("a rank ran no all-reduce of the gradients: the ranks must train together under DDP, "
+                    "each on its own batches, not on the others' batches computed alone")
         if not any(_max_diff(weights[0], uneven_reference(counts, mode)) < 1e-6
                    for mode in ("join", "equal")):
             return ("the ranks finished, but not with the weights that training on their batches gives: "
@@ -157,38 +147,31 @@ def _judge_join(train_my_shard: Any) -> str | None:
 
 # ----------------------------------------------------------------------------- 11.5 accumulation
 
-def _judge_accumulation(accumulation_step: Any) -> str | None:
-    for world_size, k, micro, steps in ACCUMULATION_CASES:
-        hint = _accumulation_case(accumulation_step, world_size, k, micro, steps)
-        if hint is not None:
-            return hint
-    return None
-
-
-def _accumulation_case(accumulation_step: Any, world_size: int, k: int, micro: int, steps: int) -> str | None:
+def _accumulation_plan(accumulation_step: Any) -> Plan:
     from course_utils.debugging.training_bugs import accumulation_reference
 
-    results, hint = run_ranks(accumulation_rank, world_size, accumulation_step, k, micro, steps)
-    if hint:
-        return hint
-    if any(r["cleared_between"] for r in results):
-        return ("optimizer.zero_grad() ran between two micro-batches of one step: it throws away what "
-                "the micro-batches before it accumulated; clear the gradients once per optimizer step")
-    weights = [r["weights"] for r in results]
-    if any(_max_diff(weights[0], w) > 1e-7 for w in weights[1:]):
-        return ("the ranks ended with different weights: their gradients were not all-reduced "
-                "after the last micro-batch (only the backward that syncs is averaged)")
-    if _max_diff(weights[0], accumulation_reference(world_size, k, micro, steps)) > 1e-5:
-        return (f"with k = {k} micro-batches the ranks agree, but did not move as one big batch "
-                "would: each micro-batch's loss is a mean over its rows, so the k accumulated "
-                "gradients add up to k times the mean")
-    if results[0]["rounds"] >= k * steps:
-        return ("the weights are right, but every micro-batch's backward all-reduced the gradients: "
-                "accumulating is there to save those all-reduces, so only the last backward of a step "
-                "should synchronise")
-    if results[0]["rounds"] > steps:
-        return ("the weights are right, but more than one backward per optimizer step all-reduced the "
-                "gradients: only the last one needs to")
+    for world_size, k, micro, steps in ACCUMULATION_CASES:
+        results, hint = yield (accumulation_rank, world_size, accumulation_step, k, micro, steps)
+        if hint:
+            return hint
+        if any(r["cleared_between"] for r in results):
+            return ("optimizer.zero_grad() ran between two micro-batches of one step: it throws away what "
+                    "the micro-batches before it accumulated; clear the gradients once per optimizer step")
+        weights = [r["weights"] for r in results]
+        if any(_max_diff(weights[0], w) > 1e-7 for w in weights[1:]):
+            return ("the ranks ended with different weights: their gradients were not all-reduced "
+                    "after the last micro-batch (only the backward that syncs is averaged)")
+        if _max_diff(weights[0], accumulation_reference(world_size, k, micro, steps)) > 1e-5:
+            return (f"with k = {k} micro-batches the ranks agree, but did not move as one big batch "
+                    "would: each micro-batch's loss is a mean over its rows, so the k accumulated "
+                    "gradients add up to k times the mean")
+        if results[0]["rounds"] >= k * steps:
+            return ("the weights are right, but every micro-batch's backward all-reduced the gradients: "
+                    "accumulating is there to save those all-reduces, so only the last backward of a "
+                    "step should synchronise")
+        if results[0]["rounds"] > steps:
+            return ("the weights are right, but more than one backward per optimizer step all-reduced "
+                    "the gradients: only the last one needs to")
     return None
 
 
@@ -198,53 +181,89 @@ def _accumulation_case(accumulation_step: Any, world_size: int, k: int, micro: i
 _TORN = re.compile(r"EOFError|UnpicklingError|PytorchStreamReader|zip archive|central directory")
 
 
-def _judge_save_and_load(save_and_load: Any) -> str | None:
+def _saving_plan(save_and_load: Any) -> Plan:
     import os
     import tempfile
 
-    import torch
-
-    def same(a: dict | None, b: dict) -> bool:
-        return a is not None and sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in b)
-
     with tempfile.TemporaryDirectory(prefix="course-checkpoint-") as folder:
-        paths = [os.path.join(folder, f"model{i}.pt") for i in range(len(SAVE_DELAYS_S))]
-        for path in paths:
-            torch.save(seeded_weights(99), path)  # last run's checkpoint, still there
         cases = []
-        for path, delay in zip(paths, SAVE_DELAYS_S, strict=True):  # a launch each: a hang ends one
-            results, hint = run_ranks(saving_rank, 2, save_and_load, path, delay)
+        for i, delay in enumerate(SAVE_DELAYS_S):  # a launch each: a hang ends one
+            path = os.path.join(folder, f"model{i}.pt")
+            torch.save(seeded_weights(99), path)  # last run's checkpoint, still there
+            results, hint = yield (saving_rank, 2, save_and_load, path, delay)
             if hint and _TORN.search(hint):
                 return (f"{hint.split(':')[0]} reading the checkpoint while rank 0 was still writing it "
                         "(a torn file): no rank may read until rank 0 has finished writing, and a "
                         "sleep, or watching the file, only guesses when that is")
             if hint:
                 return hint + ". A barrier waits until every rank has reached it: every rank must call it"
+            hint = _saved_hint(delay, results)  # each case judged as it comes: the first fault first
+            if hint:
+                return hint
             cases.append(results)
-    saved, stale = seeded_weights(0), seeded_weights(99)
-    for delay, results in zip(SAVE_DELAYS_S, cases, strict=True):
-        if any(r["wrote"] for r in results[1:]):
-            return ("only rank 0 writes the checkpoint: ranks that write one file at once can leave it "
-                    "torn, and every copy but one is wasted")
-        for rank, result in enumerate(results):
-            if result["weights"] is None:
-                return (f"return the weights read from the file, a state_dict (rank {rank} returned "
-                        "another thing)")
-            if same(result["weights"], stale):
-                return (f"when rank 0 took {delay:g} s to write, rank {rank} read the file before rank 0 "
-                        "had written it, and got last run's checkpoint, which was still there: no rank "
-                        "may read until rank 0 has finished writing (a sleep only guesses how long "
-                        "that takes)")
-            if not same(result["weights"], saved):
-                if same(result["weights"], seeded_weights(rank)):
-                    return (f"rank {rank} returned its own weights: every rank must return what rank 0 "
-                            "saved, read back from the checkpoint")
-                return f"rank {rank} did not return the weights rank 0 saved"
     if any(not r["kinds"] for results in cases for r in results):
         return ("every rank read rank 0's weights, but a rank did not wait for rank 0 in a "
                 "collective: a sleep, or watching the file, only guesses when writing has "
                 "finished; a barrier knows")
     return None
+
+
+def _saved_hint(delay: float, results: list[dict]) -> str | None:
+    def same(a: dict | None, b: dict) -> bool:
+        return a is not None and sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in b)
+
+    saved, stale = seeded_weights(0), seeded_weights(99)
+    if any(r["wrote"] for r in results[1:]):
+        return ("only rank 0 writes the checkpoint: ranks that write one file at once can leave it "
+                "torn, and every copy but one is wasted")
+    written = results[0]["written_at"]
+    for rank, result in enumerate(results):
+        early = written is not None and any(t < written for t in result["loads_at"])
+        if early or same(result["weights"], stale):  # the order, whatever the values say
+            return (f"when rank 0 took {delay:g} s to write, rank {rank} read the file before rank 0 "
+                    "had written it" + (", and got last run's checkpoint, which was still there" if
+                                        same(result["weights"], stale) else "") +
+                    ": no rank may read until rank 0 has finished writing (a sleep only guesses how "
+                    "long that takes)")
+        if result["weights"] is None:
+            return (f"return the weights read from the file, a state_dict (rank {rank} returned "
+                    "another thing)")
+        if not same(result["weights"], saved):
+            if same(result["weights"], seeded_weights(rank)):
+                return (f"rank {rank} returned its own weights: every rank must return what rank 0 "
+                        "saved, read back from the checkpoint")
+            return f"rank {rank} did not return the weights rank 0 saved"
+    return None
+
+
+def _on_ranks(plan_of: Any) -> Any:
+    """The judge that runs ``plan_of(answer)``, each launch on ranks of its own."""
+    def judge(answer: Any) -> str | None:
+        return run_plan(plan_of(answer), HANG_HINT)
+    return judge
+
+
+#: the exercises judged on ranks, by their plans: :func:`verdicts` judges many answers at once
+PLANS = {"11.1": _evaluation_plan, "11.3": _order_plan, "11.4": _join_plan, "11.5": _accumulation_plan,
+         "11.8": _saving_plan}
+_judge_evaluation, _judge_order, _judge_join, _judge_accumulation, _judge_save_and_load = map(
+    _on_ranks, PLANS.values())
+
+
+def verdicts(key: str, answers: list) -> list[Verdict]:
+    """What :func:`~course_utils.exercises.verdict` says of each answer to rank exercise ``key``,
+    judged in few launches (:func:`~.on_ranks.run_plans`): the tests judge listed answers so."""
+    ex = find(key)
+    judged = [callable(a) and not _unattempted(ex, a) for a in answers]
+    outcomes = iter(run_plans([PLANS[key](a) for a, j in zip(answers, judged, strict=True) if j], HANG_HINT))
+
+    def replay(outcome: Any) -> Exercise:
+        def judge(answer: Any) -> str | None:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+        return dataclasses.replace(ex, judge=judge)
+    return [verdict(replay(next(outcomes)) if j else ex, a) for a, j in zip(answers, judged, strict=True)]
 
 
 CASES: dict[str, list[str]] = {

@@ -1,16 +1,51 @@
-"""The judges of notebook 11's exercises that run no ranks (11.6, 11.7, 11.9 to 11.12); ``nb11``
-lists them in its bank with the others."""
+"""The judges of notebook 11's exercises that run no ranks (11.2, 11.6, 11.7, 11.9 to 11.12);
+``nb11`` lists them in its bank with the others."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .core import not_a_pair
+from .answers import NOT_A_NUMBER, real, whole
 
+#: 11.2: (rows, world size), including sizes that do not divide evenly, and no rows at all
+SHARD_CASES = [(n, w) for n in (10, 7, 12, 3, 1, 0) for w in (1, 2, 3, 4)]
 #: 11.6: the models, each with parameters that forward never uses
 NO_GRAD_MODELS = ("TwoHeads", "a stack whose middle layer is skipped")
 #: 11.9: calls in a row, the random generators seeded alike before each
 STORE_CALLS = 2
+
+
+# ----------------------------------------------------------------------------- 11.2 exact shards
+
+def _judge_shards(shard: Any) -> str | None:
+    for n, world_size in SHARD_CASES:
+        shards = [_indices(shard(n, rank, world_size)) for rank in range(world_size)]
+        if any(s is None for s in shards):
+            return f"with {n} rows on {world_size} ranks, return a list of row indices (whole numbers)"
+        flat = [i for s in shards for i in s]
+        twice = sorted({i for i in flat if flat.count(i) > 1})
+        if twice:
+            return (f"with {n} rows on {world_size} ranks, rows {twice} are evaluated by more "
+                    f"than one rank: padding counts them twice in the metric")
+        missing = sorted(set(range(n)) - set(flat))
+        if missing:
+            return (f"with {n} rows on {world_size} ranks, rows {missing} are never evaluated: "
+                    f"the remainder must go somewhere")
+        if sorted(flat) != list(range(n)):
+            return f"with {n} rows the shards hold indices outside 0..{n - 1}: {sorted(flat)}"
+        sizes = [len(s) for s in shards]
+        if max(sizes) - min(sizes) > 1:
+            return (f"with {n} rows on {world_size} ranks the shards hold {sizes} rows: every row is "
+                    "evaluated once, but one rank does the work of several while the others wait; "
+                    "spread the rows so that shards differ by at most one")
+    return None
+
+
+def _indices(rows: Any) -> list[int] | None:
+    if isinstance(rows, (str, bytes)) or not hasattr(rows, "__iter__"):
+        return None
+    got = [whole(i) for i in rows]
+    return None if None in got else got  # type: ignore[return-value]
 
 
 # ----------------------------------------------------------------------------- 11.6 no gradient
@@ -148,18 +183,19 @@ def _judge_start_methods(safe_after_cuda: Any) -> str | None:
 # ----------------------------------------------------------------------------- 11.11 compression
 
 def _judge_ratio(fp16_bytes_ratio: Any) -> str | None:
-    if isinstance(fp16_bytes_ratio, bool) or not isinstance(fp16_bytes_ratio, (int, float)):
-        return "answer with a number: bytes per step with the fp16 hook / bytes with plain fp32"
-    if abs(fp16_bytes_ratio - 0.5) < 1e-9:
+    ratio = real(fp16_bytes_ratio)
+    if ratio is None:
+        return ("answer with a number, bytes per step with the fp16 hook / bytes with plain fp32: "
+                + NOT_A_NUMBER)
+    if abs(ratio - 0.5) < 1e-9:
         return None
-    if abs(fp16_bytes_ratio - 2.0) < 1e-9:
+    if abs(ratio - 2.0) < 1e-9:
         return "that ratio is upside down: bytes with the fp16 hook over bytes with plain fp32"
-    if abs(fp16_bytes_ratio - 50) < 1e-9:
+    if abs(ratio - 50) < 1e-9:
         return "answer with a fraction, not a percentage"
-    if abs(fp16_bytes_ratio - 1.0) < 1e-9:
+    if abs(ratio - 1.0) < 1e-9:
         return "the hook casts each bucket before the all-reduce: fewer bytes travel"
     return "count the bytes of one gradient value: float32 has 4, float16 has 2"
-
 
 
 # ----------------------------------------------------------------------------- 11.12 Flight Recorder
@@ -167,11 +203,13 @@ def _judge_ratio(fp16_bytes_ratio: Any) -> str | None:
 def _judge_first_mismatch(first_mismatch: Any) -> str | None:
     from course_utils.debugging.flight_recorder import example_flight_records, first_mismatch_of
 
-    wrong_shape = not_a_pair(first_mismatch, "(the collective's number in the group, a rank)")
-    if wrong_shape:
-        return wrong_shape
+    what = "(the collective's number in the group, a rank)"
+    if not (isinstance(first_mismatch, (tuple, list)) and len(first_mismatch) == 2):
+        return f"write a pair: {what}"
+    seq, rank = (whole(v) for v in first_mismatch)
+    if seq is None or rank is None:
+        return f"write both as whole numbers: {what}"
     records = example_flight_records()
-    seq, rank = first_mismatch
     right_seq, right_rank = first_mismatch_of(records)
     numbers = sorted({e["collective_seq_id"] for r in records.values() for e in r["entries"]})
     if seq not in numbers:

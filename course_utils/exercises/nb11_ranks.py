@@ -61,24 +61,33 @@ def save_and_load_rank(rank: int, world_size: int, save_and_load: Any, path: str
 
     import torch
 
-    writers = []
-    real_save = torch.save
+    writers, written_at, loads_at = [], [], []  # the order of events, on this machine's clock
+    real_save, real_load = torch.save, torch.load
 
     def slow_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(f, (str, os.PathLike)):  # a file: not torch's own pickling of a tensor
-            writers.append(rank)
-            if rank == 0:
-                time.sleep(delay)
-        return real_save(obj, f, *args, **kwargs)
+        if not isinstance(f, (str, os.PathLike)):  # not a file: torch's own pickling of a tensor
+            return real_save(obj, f, *args, **kwargs)
+        writers.append(rank)
+        if rank == 0:
+            time.sleep(delay)
+        done = real_save(obj, f, *args, **kwargs)
+        written_at.append(time.time())
+        return done
 
-    torch.save = slow_save
+    def watched_load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(f, (str, os.PathLike)):
+            loads_at.append(time.time())
+        return real_load(f, *args, **kwargs)
+
+    torch.save, torch.load = slow_save, watched_load
     try:
         torch.manual_seed(rank)
         got = save_and_load(torch.nn.Linear(3, 2), path)
     finally:
-        torch.save = real_save
+        torch.save, torch.load = real_save, real_load
     weights = {k: v.detach().cpu().clone() for k, v in got.items()} if isinstance(got, dict) else None
-    return {"wrote": bool(writers), "weights": weights}
+    return {"wrote": bool(writers), "weights": weights, "loads_at": loads_at,
+            "written_at": written_at[-1] if writers else None}
 
 
 def seeded_weights(seed: int) -> dict:
@@ -90,25 +99,30 @@ def seeded_weights(seed: int) -> dict:
 
 def evaluation_rank(rank: int, world_size: int, answer: Any, seed: int | None) -> dict:
     """One rank of exercise 11.1's check: the answer, with the classifier's right rows drawn from
-    ``seed`` (None: the notebook's), and the collectives it ran (whatever it called them by)."""
+    ``seed`` (None: the notebook's), the rows this rank evaluated and the collectives it ran
+    (whatever it called them by)."""
     import torch
 
     from course_utils.debugging import failure_zoo
 
     from .on_ranks import collectives_called
 
-    real = failure_zoo._correct_on
-    if seed is not None:
-        def drawn(indices: list[int], size: int, device: Any) -> Any:
-            right = torch.rand(size, generator=torch.Generator().manual_seed(seed)) < 0.5
-            return right[indices].float().to(device)
-        failure_zoo._correct_on = drawn
+    real, rows = failure_zoo._correct_on, []
+
+    def watched(indices: list[int], size: int, device: Any) -> Any:  # the rows this rank evaluates
+        rows.extend(int(i) for i in indices)
+        if seed is None:
+            return real(indices, size, device)
+        right = torch.rand(size, generator=torch.Generator().manual_seed(seed)) < 0.5
+        return right[indices].float().to(device)
+
+    failure_zoo._correct_on = watched
     try:
         with collectives_called() as calls:
             value = answer(rank, world_size)
     finally:
         failure_zoo._correct_on = real
-    return {"value": value, "kinds": [kind for kind, _ in calls]}
+    return {"value": value, "kinds": [kind for kind, _ in calls], "rows": sorted(set(rows))}
 
 
 def drawn_accuracy(seed: int | None, size: int = 10) -> float:
@@ -121,30 +135,37 @@ def drawn_accuracy(seed: int | None, size: int = 10) -> float:
 
 
 def order_rank(rank: int, world_size: int, answer: Any) -> dict:
-    """One rank of exercise 11.3's check: what the answer returns and the collectives it ran."""
+    """One rank of exercise 11.3's check: what the answer returns (read as numbers), the collectives
+    it ran and how many bytes it handed to those that combine the ranks' values."""
+    from .answers import real, reals
     from .on_ranks import collectives_called
 
     with collectives_called() as calls:
         grads, flag = answer(rank, world_size)
-    return {"grads": list(grads), "flag": flag, "kinds": [kind for kind, _ in calls]}
+    combining = ("all_reduce", "reduce", "reduce_scatter", "all_gather")
+    summed = sum(size for kind, size in calls if kind in combining)
+    return {"grads": reals(grads) or list(grads), "flag": flag if real(flag) is None else real(flag),
+            "kinds": [kind for kind, _ in calls], "summed": summed}
 
 
 def join_rank(rank: int, world_size: int, answer: Any, counts: list[int]) -> dict:
-    """One rank of exercise 11.4's check: the weights, and what ran on the group (DDP's reducer
-    included, from the Flight Recorder). ``counts``: each rank's batches; the answer's
-    ``my_batches`` (the notebook's, for [3, 2]) hands them out."""
+    """One rank of exercise 11.4's check: the weights, and how many values the rank all-reduced
+    (DDP's reducer included, from the Flight Recorder; None where this torch has none).
+    ``counts``: each rank's batches; the answer's ``my_batches`` (the notebook's, for [3, 2]) hands
+    them out."""
     import functools
 
     from course_utils.debugging.training_bugs import uneven_batches
 
-    from .on_ranks import collectives_recorded
+    from .on_ranks import reductions_recorded
 
     if "my_batches" in getattr(answer, "__globals__", {}):  # sent by value: this rank's own copy
         answer.__globals__["my_batches"] = functools.partial(uneven_batches, counts)
 
-    with collectives_recorded() as kinds:
+    with reductions_recorded() as recorded:
         weights = answer(rank, world_size)
-    return {"weights": weights, "kinds": kinds}
+    reduced = None if recorded is None else sum(n for kind, n in recorded if kind == "all_reduce")
+    return {"weights": weights, "reduced": reduced}
 
 
 def saving_rank(rank: int, world_size: int, save_and_load: Any, path: str, delay: float) -> dict:
