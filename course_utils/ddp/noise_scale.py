@@ -83,8 +83,8 @@ def gradient_noise_scale(small_sq_norm: Any, big_sq_norm: Any, b_small: float, b
 def smoothed(estimates: list[NoiseScale], smoothing: float = 0.9) -> list[float]:
     """``B_simple`` after each step, from exponential moving averages of the estimates of
     ``|G|²`` and ``tr(Σ)``, divided only then: the paper's way to avoid the bias of a ratio of
-    noisy numbers (the two averages start at zero together, so their ratio needs no debiasing). ``smoothing``: the share of the average
-    kept at each step."""
+    noisy numbers (the two averages start at zero together, so their ratio needs no debiasing).
+    ``smoothing``: the share of the average kept at each step."""
     if not 0 <= smoothing < 1:
         raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}")
     out, sq_norm, trace = [], 0.0, 0.0
