@@ -28,7 +28,8 @@ from . import batch_task
 from .batch_size import MOMENTUM
 from .by_hand import DDPByHand
 
-__all__ = ["accumulate_step", "accumulation_rank", "all_reduce_records", "lr_by_epoch", "steps_per_epoch"]
+__all__ = ["accumulate_step", "accumulation_rank", "accumulation_runs", "all_reduce_records", "lr_by_epoch",
+           "steps_per_epoch"]
 
 
 def all_reduce_records() -> list[int]:
@@ -104,6 +105,19 @@ def accumulation_rank(rank: int, world_size: int, k: int, rows_per_rank: int, st
     ddp_model = optimizer = None
     gc.collect()
     return {"weights": weights, "all_reduces": all_reduces, "rows": rows_per_step}
+
+
+def accumulation_runs(rank: int, world_size: int, runs: list[tuple[int, int, str]], steps: int,
+                      lr: float) -> list[dict]:
+    """:func:`accumulation_rank` for each ``(k, rows_per_rank, how)`` of ``runs`` in turn, in this
+    one process group: what notebook 13 compares, from one launch per world size."""
+    import torch.distributed as dist
+
+    out = []
+    for k, rows_per_rank, how in runs:
+        out.append(accumulation_rank(rank, world_size, k, rows_per_rank, steps, lr, how))
+        dist.barrier()
+    return out
 
 
 def _counting_rows(ddp_model: nn.Module) -> list[int]:

@@ -107,6 +107,16 @@ def sweep_batch(batch: int, configs: Sequence[Config], seeds: int, target: float
     configuration of their optimizer needed: they are not its best, and only the best matters for
     them (a learning rate grid). ``trace=(config, seed)`` records that copy's loss after every step.
     """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tensors are small: one thread is faster than a team
+    try:
+        return _sweep(batch, configs, seeds, target, max_steps, keep, trace)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sweep(batch: int, configs: Sequence[Config], seeds: int, target: float, max_steps: int,
+           keep: Sequence[int] | None, trace: tuple[int, int] | None) -> Sweep:
     batch, seeds, max_steps = (check_positive_int(n, v) for n, v in
                                (("batch", batch), ("seeds", seeds), ("max_steps", max_steps)))
     configs = list(configs)
