@@ -63,10 +63,10 @@ class Curves:
     gains: dict[int, list[float]] = field(default_factory=dict)
 
 
-def _grid(lr: float, k: int) -> list[float]:
-    """Half an octave apart, from half ``lr`` to ``2 ** (k + 1)`` times ``lr``: the rules' rates
-    (``lr``, ``2 ** k lr``, ``2 ** (k / 2) lr``) are all on it."""
-    return [lr * 2 ** (j / 2) for j in range(-2, 2 * k + 3)]
+def _grid(optimizer: str, lr: float, k: int) -> list[Config]:
+    """Learning rates half an octave apart, from half ``lr`` to ``2 ** (k + 1)`` times ``lr``: the
+    rules' rates (``lr``, ``2 ** k lr``, ``2 ** (k / 2) lr``) are on it too."""
+    return [Config(optimizer, lr * 2 ** (j / 2)) for j in range(-2, 2 * k + 3)]
 
 
 def curves(sgd_lr: float, adamw_lr: float, batches: Sequence[int] = BATCHES, *, seeds: int = SEEDS,
@@ -79,26 +79,30 @@ def curves(sgd_lr: float, adamw_lr: float, batches: Sequence[int] = BATCHES, *, 
     out = Curves(tuple(batches), {name: [] for name in CURVES}, {"SGD": [], "AdamW": []})
     for batch in tqdm(list(batches), desc="global batches", disable=not progress, mininterval=0, miniters=1):
         k = round(math.log2(batch / base))
-        sgd, adamw = _grid(sgd_lr, k), _grid(adamw_lr, k)
-        # on the grids: index 2 is the recipe's rate, 2 + 2k the linear rule's, 2 + k the square root's
-        assert math.isclose(sgd[2 + 2 * k], linear_rule(sgd_lr, base, batch))
-        assert math.isclose(adamw[2 + k], sqrt_rule(adamw_lr, base, batch))
-        extra = [Config("sgd", sgd[2 + 2 * k], warmup=WARMUP_STEPS, warmup_from=sgd_lr),
-                 Config("sgd", sgd_lr, adascale=True, base_batch=base)]
-        configs = [Config("sgd", lr) for lr in sgd] + extra + [Config("adamw", lr) for lr in adamw]
-        n = len(sgd) + len(extra)
-        keep = [2, 2 + 2 * k, len(sgd), len(sgd) + 1, n + 2 + k, n + 2 + 2 * k]
-        run = sweep_batch(batch, configs, seeds, target, max_steps, keep=keep)
-        s = run.steps
-        for name, steps, lrs in (("SGD", s[:len(sgd)], sgd), ("AdamW", s[n:], adamw)):
-            reached = [(x, lr) for x, lr in zip(steps, lrs, strict=True) if x is not None]
+        # region: rules
+        rules = {
+            "SGD, fixed lr": Config("sgd", sgd_lr),
+            "SGD, linear rule": Config("sgd", linear_rule(sgd_lr, base, batch)),
+            "SGD, linear rule + warmup": Config("sgd", linear_rule(sgd_lr, base, batch),
+                                                warmup=WARMUP_STEPS, warmup_from=sgd_lr),
+            "SGD, AdaScale": Config("sgd", sgd_lr, adascale=True, base_batch=base),
+            "AdamW, linear rule": Config("adamw", linear_rule(adamw_lr, base, batch)),
+            "AdamW, square-root rule": Config("adamw", sqrt_rule(adamw_lr, base, batch)),
+        }
+        grids = {"SGD": _grid("sgd", sgd_lr, k), "AdamW": _grid("adamw", adamw_lr, k)}  # each batch's best
+        # endregion
+        configs = [*rules.values(), *grids["SGD"], *grids["AdamW"]]
+        run = sweep_batch(batch, configs, seeds, target, max_steps, keep=range(len(rules)))
+        for name, steps in zip(rules, run.steps, strict=False):
+            out.steps[name].append(steps)
+        start = len(rules)
+        for name, grid in grids.items():
+            steps = run.steps[start:start + len(grid)]
+            start += len(grid)
+            reached = [(s, c.lr) for s, c in zip(steps, grid, strict=True) if s is not None]
             best = min(reached) if reached else (None, math.nan)
             out.steps[f"{name}, best lr"].append(best[0])
             out.best_lr[name].append(best[1])
-        for name, index in zip(CURVES[1:5], (2, 2 + 2 * k, len(sgd), len(sgd) + 1), strict=True):
-            out.steps[name].append(s[index])
-        out.steps["AdamW, linear rule"].append(s[n + 2 + 2 * k])
-        out.steps["AdamW, square-root rule"].append(s[n + 2 + k])
         out.gains[batch] = run.gains
     return out
 

@@ -69,15 +69,18 @@ def gradient_noise_scale(small_sq_norm: Any, big_sq_norm: Any, b_small: float, b
     estimates over steps before dividing (:func:`smoothed`). A single step's estimate of ``|G|²``
     can be negative when the noise dominates.
     """
-    small, big = _value("small_sq_norm", small_sq_norm), _value("big_sq_norm", big_sq_norm)
+    small_sq_norm, big_sq_norm = _value("small_sq_norm", small_sq_norm), _value("big_sq_norm", big_sq_norm)
     b_small, b_big = _size("b_small", b_small), _size("b_big", b_big)
     if not b_big > b_small:
         raise ValueError(f"b_big must be larger than b_small (the averaged gradient covers more rows "
                          f"than one rank's), got b_small={b_small:g} and b_big={b_big:g}: the two "
                          "equations need two different batch sizes")
-    sq_norm = (b_big * big - b_small * small) / (b_big - b_small)
-    trace = (small - big) / (1 / b_small - 1 / b_big)
+    # region: estimates
+    # E|g_B|² = |G|² + tr(Σ)/B at B = b_small and at B = b_big: two equations, two unknowns
+    sq_norm = (b_big * big_sq_norm - b_small * small_sq_norm) / (b_big - b_small)
+    trace = (small_sq_norm - big_sq_norm) / (1 / b_small - 1 / b_big)
     return NoiseScale(sq_norm, trace, trace / sq_norm)
+    # endregion
 
 
 def smoothed(estimates: list[NoiseScale], smoothing: float = 0.9) -> list[float]:
@@ -104,10 +107,12 @@ def adascale_gain(sq_norm: Any, trace: Any, base_batch: float, batch: float) -> 
     base_batch, batch = _size("base_batch", base_batch), _size("batch", batch)
     tensors = isinstance(sq_norm, torch.Tensor) or isinstance(trace, torch.Tensor)
     scale = batch / base_batch
-    mu2 = torch.as_tensor(_value("sq_norm", sq_norm), dtype=torch.float64).clamp(min=0)
+    # region: gain
+    mu2 = torch.as_tensor(_value("sq_norm", sq_norm), dtype=torch.float64).clamp(min=0)  # |G|²
     sigma2 = torch.as_tensor(_value("trace", trace), dtype=torch.float64).clamp(min=0) / base_batch
     ratio = (sigma2 + mu2) / (sigma2 / scale + mu2).clamp(min=1e-300)
     gain = torch.where(sigma2 + mu2 > 0, ratio, torch.ones_like(ratio)).clamp(1.0, max(scale, 1.0))
+    # endregion
     return gain.float() if tensors else float(gain)
 
 

@@ -32,8 +32,8 @@ ACCUMULATION_CASES = {2: (2, 3), 3: (4, 2)}
 ACCUMULATION_ROWS = 12
 
 CASES: dict[str, list[str]] = {
-    "13.1": [f"a recipe tuned at a global batch of {RECIPE_BATCH} (SGD lr {SGD_LR:g}, AdamW lr {ADAMW_LR:g}), "
-             f"run on {GPUS} GPUs with {ROWS_PER_GPU} rows each"],
+    "13.1": [f"a recipe tuned at a global batch of {RECIPE_BATCH} (SGD lr {SGD_LR:g}, AdamW lr "
+             f"{ADAMW_LR:g}), run on {GPUS} GPUs with {ROWS_PER_GPU} rows each"],
     "13.2": [f"N={n} ranks of B={b} rows, {NOISE_DRAWS} draws of gradients of known mean and covariance "
              f"(dimension {NOISE_DIM}, seed {seed})" for n, b, seed in NOISE_CASES]
     + ["b_big equal to b_small", "b_big smaller than b_small"],
@@ -68,7 +68,8 @@ def _judge_learning_rates(answer: Any) -> str | None:
         return ("DDP's mean does not change the learning rate the recipe needs at its own batch, but the "
                 "global batch changed: the rules rescale the learning rate by how much")
     if near(sgd, 1 / new, SGD_LR) or near(adamw, 1 / math.sqrt(new), ADAMW_LR):
-        return "the ratio is upside down: a smaller global batch than the recipe's takes a smaller learning rate"
+        return ("the ratio is upside down: a smaller global batch than the recipe's takes a smaller "
+                "learning rate")
     if near(sgd, new, SGD_LR):
         return "SGD's is right; AdamW's takes the square-root rule, not the linear one"
     if near(adamw, math.sqrt(new), ADAMW_LR):
@@ -85,7 +86,8 @@ def _draws(world: int, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
     g = torch.Generator().manual_seed(seed)
     mean = torch.randn(NOISE_DIM, generator=g, dtype=torch.float64) * 0.3
     factor = torch.randn(NOISE_DIM, NOISE_DIM, generator=g, dtype=torch.float64) / NOISE_DIM ** 0.5
-    per_row = mean + torch.randn(NOISE_DRAWS, world, rows, NOISE_DIM, generator=g, dtype=torch.float64) @ factor.T
+    noise = torch.randn(NOISE_DRAWS, world, rows, NOISE_DIM, generator=g, dtype=torch.float64)
+    per_row = mean + noise @ factor.T
     local = per_row.mean(2)  # each rank's gradient over its rows
     small = local.square().sum(-1).mean(1)  # the mean over the ranks of the local squared norms
     big = local.mean(1).square().sum(-1)  # the averaged gradient's squared norm
@@ -195,7 +197,8 @@ def _accumulation_hint(world: int, k: int, ranks: list[dict]) -> str | None:
         right = _reference(world, k, "right")
     if any(r["unfinished_step"] for r in ranks):
         return ("the optimizer stepped while the last backward's all-reduce was still running: wait for it "
-                "and average (finish_gradient_synchronization) before optimizer.step()")
+                "and average, with the wrapper's finish_gradient_synchronization, before the optimizer's "
+                "step")
     agree = all(torch.allclose(r["weights"], first["weights"], rtol=1e-5, atol=1e-7) for r in ranks)
     counts = [c for r in ranks for c in r["all_reduces"]]
     if not agree:
@@ -229,9 +232,10 @@ def _accumulation_hint(world: int, k: int, ranks: list[dict]) -> str | None:
 
 def _judge_accumulation(answer: Any) -> str | None:
     for world, ks in ACCUMULATION_CASES.items():
+        hang = ("the ranks hung: every rank must run the same backward passes, with the same ones under "
+                "no_sync")
         results, hint = run_on_ranks(accumulation_answer_rank, world, answer, ks, ACCUMULATION_ROWS,
-                                     hang_hint="the ranks hung: every rank must run the same backward passes, "
-                                               "with the same ones under no_sync")
+                                     hang_hint=hang)
         if results is None:
             return hint
         for k in ks:

@@ -26,6 +26,16 @@ def global_batches(world_size: int, rows_per_rank: int) -> list[tuple[torch.Tens
     return [batch_task.batch(generator, world_size * rows_per_rank) for _ in range(ACCUMULATION_STEPS)]
 
 
+def _watched(step: Any, ddp_model: Any, report: dict) -> Any:
+    """``optimizer.step`` that notes, in ``report``, a step taken while a synchronised backward's
+    all-reduce is not finished."""
+    def watched_step(*args: Any, **kwargs: Any) -> Any:
+        if any(ddp_model.arrived):
+            report["unfinished_step"] = True
+        return step(*args, **kwargs)
+    return watched_step
+
+
 def accumulation_answer_rank(rank: int, world_size: int, answer: Any, ks: Sequence[int],
                              rows_per_rank: int) -> dict[int, dict]:
     """For each ``k`` of ``ks``: a fresh model under ``DDPByHand``, ``ACCUMULATION_STEPS`` calls of
@@ -43,15 +53,8 @@ def accumulation_answer_rank(rank: int, world_size: int, answer: Any, ks: Sequen
         ddp_model = DDPByHand(model)
         optimizer = torch.optim.SGD(ddp_model.parameters(), lr=ACCUMULATION_LR, momentum=MOMENTUM)
         report: dict[str, Any] = {"all_reduces": [], "rows": [], "unfinished_step": False}
-        model.register_forward_pre_hook(lambda _, args: report["rows"].append(len(args[0])))
-        step = optimizer.step
-
-        def watched_step(*args: Any, _step: Any = step, _ddp: Any = ddp_model, **kwargs: Any) -> Any:
-            if any(_ddp.arrived):  # a synchronised backward whose all-reduce is not finished
-                report["unfinished_step"] = True
-            return _step(*args, **kwargs)
-
-        optimizer.step = watched_step
+        model.register_forward_pre_hook(lambda _, args, rows=report["rows"]: rows.append(len(args[0])))
+        optimizer.step = _watched(optimizer.step, ddp_model, report)
         last = max(all_reduce_records(), default=-1)
         for x, y in global_batches(world_size, rows_per_rank):
             x, y = x.tensor_split(world_size)[rank].to(device), y.tensor_split(world_size)[rank].to(device)
