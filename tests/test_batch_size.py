@@ -134,3 +134,11 @@ def test_a_schedule_in_samples_keeps_its_epoch_when_the_world_grows():
     assert by_steps[1] == [1.0, 1.0, 1.0, 0.1, 0.1] and by_steps[2] == [1.0] * 5
     with pytest.raises(ValueError, match="counted_in must be 'steps' or 'samples'"):
         accumulation.lr_by_epoch(1.0, 30, "epochs", 100, 10, 1, 5)
+
+
+def test_the_best_rate_is_the_middle_of_those_that_tie():
+    assert batch_curves.best_of([100, 101, 102, 150], [1.0, 2.0, 4.0, 8.0]) == (100, 2.0)
+    assert batch_curves.best_of([None, 100, 102, 150], [1.0, 2.0, 4.0, 8.0]) == (100, 2.0)  # lower middle
+    assert batch_curves.best_of([120, 100, 200], [1.0, 2.0, 4.0]) == (100, 2.0)
+    fewest, lr = batch_curves.best_of([None, None], [1.0, 2.0])
+    assert fewest is None and math.isnan(lr)

@@ -17,7 +17,7 @@ from . import batch_task
 from .batch_size import Config, linear_rule, sqrt_rule, sweep_batch
 
 __all__ = ["ADAMW_GRID", "BASE_BATCH", "BATCHES", "CURVES", "SEEDS", "SGD_GRID", "TARGET", "Curves",
-           "critical_batch", "curves", "regions", "speedups", "tune"]
+           "best_of", "critical_batch", "curves", "regions", "speedups", "tune"]
 
 #: the recipe's global batch, and the global batches of the sweep (4 to 1024: 2**8 between them)
 BASE_BATCH = 4
@@ -39,16 +39,32 @@ CURVES = ("SGD, best lr", "SGD, fixed lr", "SGD, linear rule", "SGD, linear rule
           "AdamW, best lr", "AdamW, linear rule", "AdamW, square-root rule")
 
 
-def tune(batch: int, optimizer: str, lrs: Sequence[float], seeds: int = SEEDS, target: float = TARGET,
-         max_steps: int = 4 * MAX_STEPS) -> tuple[float, int]:
-    """The learning rate of ``lrs`` that reaches ``target`` in the fewest steps at ``batch`` rows,
-    and those steps (the grid's other rates stop at twice that)."""
-    steps = sweep_batch(batch, [Config(optimizer, lr) for lr in lrs], seeds, target, max_steps, keep=()).steps
+#: rates whose steps are within this factor of the fewest tie for the best (the optimum is flat)
+TIE = 1.03
+
+
+def best_of(steps: Sequence[int | None], lrs: Sequence[float]) -> tuple[int | None, float]:
+    """The fewest steps of a grid, and the best learning rate: several rates of a grid often tie
+    within a few steps (the optimum is flat), so the middle one of those within ``TIE`` of the
+    fewest (the lower of the two middle ones for an even count), a choice that a step more or
+    less on another machine does not change. ``(None, nan)`` when none reached the target."""
     reached = [(s, lr) for s, lr in zip(steps, lrs, strict=True) if s is not None]
     if not reached:
+        return None, math.nan
+    fewest = min(s for s, _ in reached)
+    tied = sorted(lr for s, lr in reached if s <= TIE * fewest)
+    return fewest, tied[(len(tied) - 1) // 2]
+
+
+def tune(batch: int, optimizer: str, lrs: Sequence[float], seeds: int = SEEDS, target: float = TARGET,
+         max_steps: int = 4 * MAX_STEPS) -> tuple[float, int]:
+    """The best learning rate of ``lrs`` at ``batch`` rows (:func:`best_of`) and the fewest steps
+    (the grid's rates stop at twice those)."""
+    steps = sweep_batch(batch, [Config(optimizer, lr) for lr in lrs], seeds, target, max_steps, keep=()).steps
+    fewest, lr = best_of(steps, lrs)
+    if fewest is None:
         raise RuntimeError(f"no learning rate of the grid reached the target within {max_steps} steps")
-    best_steps, best_lr = min(reached)
-    return best_lr, best_steps
+    return lr, fewest
 
 
 @dataclass
@@ -99,10 +115,9 @@ def curves(sgd_lr: float, adamw_lr: float, batches: Sequence[int] = BATCHES, *, 
         for name, grid in grids.items():
             steps = run.steps[start:start + len(grid)]
             start += len(grid)
-            reached = [(s, c.lr) for s, c in zip(steps, grid, strict=True) if s is not None]
-            best = min(reached) if reached else (None, math.nan)
-            out.steps[f"{name}, best lr"].append(best[0])
-            out.best_lr[name].append(best[1])
+            fewest, lr = best_of(steps, [c.lr for c in grid])
+            out.steps[f"{name}, best lr"].append(fewest)
+            out.best_lr[name].append(lr)
         out.gains[batch] = run.gains
     return out
 
