@@ -93,6 +93,7 @@ NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 _TOPICS = {"single_gpu": "one device", "data_parallel": "nn.DataParallel",
            "data_parallel_by_hand": "DataParallel by hand", "output_device_and_memory": "memory per device",
            "distributed_data_parallel": "DistributedDataParallel", "ddp_by_hand": "DDP by hand",
+           "batch_size_and_learning_rate": "batch size and learning rate",
            "mixed_precision": "mixed precision",
            "fault_tolerance_and_multi_node": "faults and nodes",
            "sharded_data_parallel": "sharded data parallel",
@@ -147,6 +148,9 @@ def course_plan(gpus: int, nccl: bool, gloo: bool,
     by_hand_ddp = ("gradient hooks, buckets and their all-reduces on " + (
         "NCCL, one GPU per rank" if multi and nccl else "gloo, real processes on the CPU")
         + ", timed beside torch's DDP") if gloo or (multi and nccl) else ddp
+    batch_size = ("global batch and learning-rate rules measured: the ranks on " + (
+        "NCCL, one GPU per rank" if multi and nccl else "gloo, real processes on the CPU")
+        + "; the sweep of many small models in one process, on the CPU") if gloo or (multi and nccl) else ddp
     amp = "bf16, and fp16 with a GradScaler, autocast on the CPU" + (
         "; fp16 + GradScaler on the GPU too" if gpus else "")
     strategies = (f"every strategy on GPUs ({gpus} available)" if multi and nccl
@@ -162,7 +166,8 @@ def course_plan(gpus: int, nccl: bool, gloo: bool,
         "; the CUDA fork error reproduced" if gpus else "; the CUDA fork error explained, not run")
     texts = {"single_gpu": one_device, "data_parallel": dp, "data_parallel_by_hand": by_hand,
              "output_device_and_memory": memory, "distributed_data_parallel": ddp, "ddp_by_hand": by_hand_ddp,
-             "mixed_precision": amp, "choosing_a_strategy": strategies,
+             "batch_size_and_learning_rate": batch_size, "mixed_precision": amp,
+             "choosing_a_strategy": strategies,
              "fault_tolerance_and_multi_node": faults, "sharded_data_parallel": sharded,
              "debugging_distributed": debugging}
     stems = course_notebooks() if notebooks is None else notebooks

@@ -271,6 +271,14 @@ CASES = {
     "ddp.by_hand_trials.routed_orders_rank": (2, ()),
     "ddp.by_hand_trials.torch_bucket_counts_rank": (2, (32, 0.01)),
     "ddp.by_hand_trials.comm_hook_rank": (2, (1,)),
+    # notebook 13: what the global batch does to training
+    "ddp.batch_size_runs.two_ways_rank": (2, (8, 4, 2, 0.1)),
+    "ddp.batch_size_runs.gradient_draws_rank": (2, (torch.zeros(8), [1, 4], 3)),
+    "ddp.batch_size_runs.sweep_point_rank": (2, (8, 0.1, 1, 2, 2)),
+    "ddp.batch_size_runs.noise_scale_rank": (2, (4, 0.1, 2)),
+    "ddp.accumulation.accumulation_rank": (2, (2, 4, 2, 0.1)),
+    "ddp.accumulation.accumulation_runs": (2, ([(2, 4, "no_sync"), (2, 4, "sync every micro-batch")], 2,
+                                               0.1)),
 }
 #: Rank functions that cannot finish under the audit, and why that is safe.
 EXEMPT = {
