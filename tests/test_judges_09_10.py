@@ -78,3 +78,44 @@ def test_10_3_catches_activations_left_out_of_one_strategy():
 
     assert any(partial(*case) != nb10._choose(*case) for case in nb10._CASES)
     assert "the activations need room too" in verdict("10.3", partial).hint
+
+
+def test_09_2_counts_an_all_to_all_as_the_share_it_sends():
+    from course_utils.exercises.dispatched import ring_bytes_sent
+
+    n, nbytes = 4, 4096
+    assert ring_bytes_sent([("all_to_all", nbytes)], n) == ring_bytes_sent([("reduce_scatter", nbytes)], n)
+    assert ring_bytes_sent([("all_to_all", nbytes)], n) == nbytes * (n - 1) / n
+    assert ring_bytes_sent([("all_reduce", nbytes), ("barrier", 0)], n) == 2 * nbytes * (n - 1) / n
+
+
+def test_09_4_refuses_the_course_s_ledger_however_it_is_reached():
+    from course_utils.sharding import ledgers, mesh
+
+    def through_the_ledger(psi, nodes, gpus):
+        return ledgers.link_bytes_per_step(psi, nodes, gpus, "hsdp")["between nodes"]
+
+    bound = mesh.run_link_bytes
+    assert "the course's own ledger" in verdict("09.4", through_the_ledger).hint
+    def bound_before(psi, nodes, gpus):
+        return bound("hsdp", psi, nodes, gpus)["between nodes"]
+
+    assert "the course's own ledger" in verdict("09.4", bound_before).hint
+    assert verdict("09.4", nb09._hsdp_between).right
+
+
+@pytest.mark.parametrize(("case", "right", "wrong_rule", "fragment"), [
+    ((12e9, 80e9, 8, 10e9), "zero2", "_PARAMETERS_TWICE", "counts the parameters twice"),
+    ((4e9, 80e9, 8, 10e9), "ddp", "_DDP_20", "more than 16 bytes per parameter")])
+def test_10_3_tries_the_cases_where_a_wrong_memory_rule_parts_from_the_right_one(case, right, wrong_rule,
+                                                                                 fragment):
+    rule = getattr(nb10, wrong_rule)
+    assert case in nb10._CASES and nb10._choose(*case) == right
+    assert nb10._choose(*case, state_bytes=rule) != right
+    others = [c for c in nb10._CASES if c != case]
+    assert all(nb10._choose(*c, state_bytes=rule) == nb10._choose(*c) for c in others)  # only this case
+
+    def answer(parameters, gpu_bytes, gpus, activation_bytes):
+        return nb10._choose(parameters, gpu_bytes, gpus, activation_bytes, state_bytes=rule)
+
+    assert fragment in verdict("10.3", answer).hint

@@ -102,10 +102,12 @@ def test_the_ledger_s_hsdp_row_is_what_each_rank_holds(runs):
     assert sum(results[0]["hsdp"]["held"].values()) == 16 * 1732 // gpus
 
 
-def hop_by_hop(numel, nodes, gpus, strategy, itemsize=4, reshard_after_forward=None, micro_batches=1):
+def hop_by_hop(numel, nodes, gpus, strategy, itemsize=4, reshard_after_forward=None, micro_batches=1,
+               gather_itemsize=None, shard_nodes=1):
     """Every rank's bytes on each link, from the rings themselves: each group a ring in rank order,
     every rank sending (n-1)/n of a tensor per all-gather or reduce-scatter pass to the next rank."""
     world, size = nodes * gpus, numel * itemsize
+    gathered = numel * (gather_itemsize or itemsize)
     sent = [dict.fromkeys(ledgers.LINKS, 0.0) for _ in range(world)]
 
     def ring(groups, tensor_bytes, passes=1):
@@ -116,17 +118,21 @@ def hop_by_hop(numel, nodes, gpus, strategy, itemsize=4, reshard_after_forward=N
                 sent[r][ledgers.LINKS[after // gpus != r // gpus]] += passes * tensor_bytes * (n - 1) / n
 
     everyone = [list(range(world))]
-    node_groups = [list(range(n * gpus, (n + 1) * gpus)) for n in range(nodes)]
     if strategy == "ddp":
         ring(everyone, size, passes=2)
     elif strategy == "fsdp":
-        ring(everyone, size, passes=2)  # the forward all-gather and the reduce-scatter
+        ring(everyone, gathered)  # the forward all-gather
+        ring(everyone, size)  # the reduce-scatter
         h = reshard_after_forward
-        ring(everyone if h is None else [list(range(s, s + h)) for s in range(0, world, h)], size)
+        ring(everyone if h is None else [list(range(s, s + h)) for s in range(0, world, h)], gathered)
     else:
+        shards = shard_nodes * gpus  # the shard group: shard_nodes whole nodes, in rank order
+        shard_groups = [list(range(b * shards, (b + 1) * shards)) for b in range(nodes // shard_nodes)]
         for _ in range(micro_batches):
-            ring(node_groups, size, passes=3)
-        ring([[n * gpus + g for n in range(nodes)] for g in range(gpus)], size / gpus, passes=2)
+            ring(shard_groups, gathered, passes=2)
+            ring(shard_groups, size)
+        ring([[b * shards + j for b in range(nodes // shard_nodes)] for j in range(shards)], size / shards,
+             passes=2)
     return sent
 
 
@@ -136,8 +142,12 @@ CLUSTERS = [(1, 4), (2, 2), (4, 1), (2, 8), (3, 4), (4, 8), (16, 8), (1, 1)]
 @pytest.mark.parametrize(("nodes", "gpus"), CLUSTERS)
 def test_link_bytes_per_step_is_the_rings_counted_hop_by_hop(nodes, gpus):
     psi = 1000 * gpus * nodes  # no padding
-    cases = [("ddp", {}), ("fsdp", {}), ("hsdp", {}), ("hsdp", {"micro_batches": 3})]
+    cases = [("ddp", {}), ("fsdp", {}), ("hsdp", {}), ("hsdp", {"micro_batches": 3}),
+             ("fsdp", {"gather_itemsize": 2}), ("hsdp", {"gather_itemsize": 2, "micro_batches": 2})]
     cases += [("fsdp", {"reshard_after_forward": h}) for h in range(1, gpus + 1) if gpus % h == 0]
+    cases += [("fsdp", {"reshard_after_forward": gpus, "gather_itemsize": 2})]
+    cases += [("hsdp", {"shard_nodes": k}) for k in range(2, nodes + 1) if nodes % k == 0]
+    cases += [("hsdp", {"shard_nodes": nodes, "gather_itemsize": 2, "micro_batches": 2})]
     for strategy, kwargs in cases:
         hops = hop_by_hop(psi, nodes, gpus, strategy, **kwargs)
         for rank in range(nodes * gpus):
@@ -163,6 +173,33 @@ def test_what_crosses_between_nodes_per_gpu(nodes, gpus):
     assert fsdp_node == pytest.approx(ddp, rel=1e-12)  # the backward all-gather left the network
 
 
+@pytest.mark.parametrize(("nodes", "gpus"), [(2, 2), (4, 8), (16, 8)])
+def test_hsdp_sharded_over_every_node_is_fsdp(nodes, gpus):
+    psi = 1000 * nodes * gpus
+    for kwargs in ({}, {"gather_itemsize": 2}):
+        for rank in (None, *range(nodes * gpus)):
+            hsdp = ledgers.link_bytes_per_step(psi, nodes, gpus, "hsdp", rank=rank, shard_nodes=nodes,
+                                               **kwargs)
+            fsdp = ledgers.link_bytes_per_step(psi, nodes, gpus, "fsdp", rank=rank, **kwargs)
+            assert hsdp == pytest.approx(fsdp, rel=1e-12), (kwargs, rank)
+    assert ledgers.ring_steps_between_nodes(nodes, gpus, "hsdp", shard_nodes=nodes) == \
+        ledgers.ring_steps_between_nodes(nodes, gpus, "fsdp")
+
+
+def test_bf16_gathers_bring_fsdp_nearer_hsdp_between_nodes():
+    """Notebook 10: 7e9 parameters on 2 nodes of 8, all-gathered in fp32 (no MixedPrecisionPolicy)
+    or in bf16 (param_dtype=torch.bfloat16), gradients reduced in fp32 either way."""
+    def ratio(**kwargs):
+        fsdp, hsdp = (ledgers.link_bytes_per_step(7 * 10**9, 2, 8, s, **kwargs)[BETWEEN]
+                      for s in ("fsdp", "hsdp"))
+        return fsdp / hsdp
+
+    assert ratio() == pytest.approx(2.8125) and ratio(gather_itemsize=2) == pytest.approx(1.875)
+    # HSDP all-gathers inside the node only: bf16 gathers leave its bytes between nodes as they were
+    assert ledgers.link_bytes_per_step(10**9, 2, 8, "hsdp", gather_itemsize=2)[BETWEEN] == \
+        ledgers.link_bytes_per_step(10**9, 2, 8, "hsdp")[BETWEEN]
+
+
 def test_the_issue_s_figures():
     """Issue 40, point 7: 1.5 and 2.25 times HSDP on 2 nodes of 2; notebook 10's 7e9 parameters on
     2 nodes of 8 send about 0.2 s of flat FSDP per step over a 50 GB/s card, not 1.57 s."""
@@ -177,6 +214,12 @@ def test_ring_steps_between_nodes():
     assert [ledgers.ring_steps_between_nodes(2, 2, s) for s in ("ddp", "fsdp", "hsdp")] == [6, 9, 2]
     assert ledgers.ring_steps_between_nodes(16, 8, "fsdp") == 381
     assert ledgers.ring_steps_between_nodes(16, 8, "hsdp") == 30
+    # sharded over 2 nodes: the shard group's three passes cross too, on rings of 16 ranks
+    assert ledgers.ring_steps_between_nodes(16, 8, "hsdp", shard_nodes=2) == 2 * 7 + 3 * 15
+    with pytest.raises(ValueError, match="shard_nodes"):
+        ledgers.ring_steps_between_nodes(16, 8, "hsdp", shard_nodes=3)
+    with pytest.raises(ValueError, match="shard_nodes"):
+        ledgers.ring_steps_between_nodes(16, 8, "fsdp", shard_nodes=2)
     assert all(ledgers.ring_steps_between_nodes(1, g, s) == 0
                for g, s in itertools.product((1, 8), ("ddp", "fsdp", "hsdp")))
     with pytest.raises(ValueError, match="strategy"):
@@ -200,6 +243,16 @@ def test_link_bytes_per_step_refuses_bad_input():
         ledgers.link_bytes_per_step(10, 2, 8, "hsdp", reshard_after_forward=8)
     with pytest.raises(ValueError, match="micro_batches"):
         ledgers.link_bytes_per_step(10, 2, 8, "hsdp", micro_batches=0)
+    with pytest.raises(ValueError, match="gather_itemsize"):
+        ledgers.link_bytes_per_step(10, 2, 8, "ddp", gather_itemsize=2)
+    with pytest.raises(ValueError, match="gather_itemsize"):
+        ledgers.link_bytes_per_step(10, 2, 8, "fsdp", gather_itemsize=0)
+    with pytest.raises(ValueError, match="shard_nodes"):
+        ledgers.link_bytes_per_step(10, 4, 8, "hsdp", shard_nodes=3)
+    with pytest.raises(ValueError, match="shard_nodes"):
+        ledgers.link_bytes_per_step(10, 4, 8, "fsdp", shard_nodes=2)
+    with pytest.raises(TypeError):
+        ledgers.link_bytes_per_step(10, 4, 8, "hsdp", shard_nodes=2.0)
 
 
 def test_link_log_refuses_a_broadcast():
@@ -221,3 +274,39 @@ def test_hsdp_ledger_shards_over_one_node():
         ledgers.sharded_ledger(spec, "hsdp", batch_size=64, num_devices=16, gpus_per_node=3)
     with pytest.raises(TypeError):
         ledgers.sharded_ledger(spec, "hsdp", batch_size=64, num_devices=16)
+
+
+class _Dtypes:
+    """A log for ``runs.logged_collectives``: the dtype each kind of collective carried, per group."""
+
+    def __init__(self):
+        self.seen = set()
+
+    def count(self, kind, tensor, group=None):
+        import torch.distributed as dist
+
+        ranks = tuple(dist.get_process_group_ranks(dist.group.WORLD if group is None else group))
+        self.seen.add((kind, str(tensor.dtype), ranks))
+
+
+def _hsdp_bf16_rank(rank, world_size):
+    from torch import nn
+
+    log = _Dtypes()
+    mesh = mesh_runs.mesh_2d(2, 2)
+    x, y = (t.chunk(world_size)[rank] for t in sharded_runs.toy_batches(1, 8)[0])
+    with sharded_runs.logged_collectives(log, groups=True):
+        model = sharded_runs.shard_layers(sharded_runs.toy_model(), mesh=mesh, mixed_precision=True)
+        nn.functional.mse_loss(model(x).float(), y).backward()
+    return sorted(log.seen)
+
+
+def test_hsdp_gathers_in_bf16_and_reduces_in_fp32_across_nodes_too():
+    """Notebook 10's bf16 line: under MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) HSDP
+    all-gathers bf16 parameters inside the node, and both its reduce-scatter inside the node and
+    its all-reduce across nodes carry fp32 gradients."""
+    for rank, seen in enumerate(launch(_hsdp_bf16_rank, 4, echo=False, timeout_s=120)):
+        node = (rank // 2 * 2, rank // 2 * 2 + 1)
+        across = (rank % 2, rank % 2 + 2)  # its replicate group: the same shard on each node
+        assert seen == [("all_gather", "torch.bfloat16", node), ("all_reduce", "torch.float32", across),
+                        ("reduce_scatter", "torch.float32", node)], (rank, seen)

@@ -10,6 +10,9 @@ import torch
 from ..compat import COLLECTIVE_NAMES
 from .answers import NOT_A_NUMBER, real, reals
 from .core import load_bank
+from .nb09_between import CLUSTERS as _CLUSTERS
+from .nb09_between import hsdp_between as _hsdp_between  # noqa: F401 - the reference, for the tests
+from .nb09_between import judge_between_nodes as _judge_between_nodes  # noqa: F401 - 09.4's judge
 from .on_ranks import hint_from_ranks
 
 __all__ = ["CASES", "EXERCISES"]
@@ -91,11 +94,12 @@ CASES: dict[str, list[str]] = {
 
 def zero1_step_rank(rank: int, world_size: int, answer: Any, size: int, seed: int) -> str | None:
     """One rank of exercise 09.2's check: ``answer`` against AdamW on the averaged gradient, with
-    the bytes it sent counted where every collective ends (``collectives_called``)."""
+    the bytes it sent counted in the ring model where every route to a collective ends, torch's
+    dispatcher (``collectives_dispatched``: the functional collectives too)."""
     import torch.distributed as dist
 
     from ..devices import rank_device
-    from .on_ranks import collectives_called, sent_per_rank
+    from .dispatched import collectives_dispatched, ring_bytes_sent
 
     device = rank_device()
     g = torch.Generator().manual_seed(seed)
@@ -111,7 +115,7 @@ def zero1_step_rank(rank: int, world_size: int, answer: Any, size: int, seed: in
     optimizer = torch.optim.AdamW([shard], lr=0.1)
     flat_grad = grads[rank].clone()
     try:
-        with collectives_called() as calls:  # what ran, whatever name the answer called it by
+        with collectives_dispatched() as calls:  # what ran, whatever name or route the answer took
             answer(flat_param, flat_grad, shard, optimizer)
     except AttributeError as err:  # a collective's name from another torch release
         names = [n for pair in COLLECTIVE_NAMES.items() for n in pair if f"'{n}'" in str(err)]
@@ -140,7 +144,7 @@ def zero1_step_rank(rank: int, world_size: int, answer: Any, size: int, seed: in
     if not torch.allclose(flat_param, reference.detach()):
         return "the other ranks' slices of flat_param are stale: all-gather the updated shards into it"
     zero1 = 2 * (world_size - 1) / world_size * flat_param.nbytes  # a reduce-scatter and an all-gather
-    if sent_per_rank(calls, world_size) > zero1 * 1.001:
+    if ring_bytes_sent(calls, world_size) > zero1 * 1.001:
         return ("the numbers are right, but a whole tensor went to every rank where ZeRO moves slices: "
                 "with a reduce-scatter each rank receives only the summed slice it steps, and an "
                 "all-gather brings back each rank's stepped shard; all-reducing everything and keeping "
@@ -206,83 +210,6 @@ def _judge_clip(answer: Any) -> str | None:
         if hint is not None:
             return hint
     return None
-
-
-# ---------------------------------------------------------------- 09.4: bytes between nodes (HSDP)
-
-_CLUSTERS = [(10**9, 2, 8), (10**9, 4, 8), (7 * 10**9, 16, 8), (10**8, 3, 4), (1732, 2, 2), (10**9, 1, 8)]
-
-
-def _hsdp_between(psi: float, nodes: int, gpus: int) -> float:
-    """fp32 gradients: each rank's shard (the model split over a node's GPUs) all-reduced over
-    the replicate group, one rank per node, in a ring."""
-    return 2 * (4 * psi / gpus) * (nodes - 1) / nodes
-
-
-#: wrong formulas learners write -> the hint each one gets
-_BETWEEN_WRONG = [
-    (lambda p, n, g: 3 * 4 * p * (n * g - 1) / (n * g),
-     "that is FSDP over all the ranks, whose every collective spans the nodes: under HSDP the "
-     "parameters are gathered inside the node, and only gradients leave it"),
-    (lambda p, n, g: 2 * 4 * p * (n - 1) / n,
-     "that all-reduces the whole gradient between nodes, as DDP would: under HSDP, what is left of a "
-     "rank's gradient once the ranks of its node have reduce-scattered it?"),
-    (lambda p, n, g: 3 * 4 * p * (g - 1) / g + _hsdp_between(p, n, g),
-     "that adds what the rank sends inside its node: count only the collectives whose group spans nodes"),
-    (lambda p, n, g: 3 * 4 * p * (g - 1) / g,
-     "that is what stays inside the node: the reduce-scatter and all-gathers run on the shard group"),
-    (lambda p, n, g: 2 * (4 * p / g) * (n * g - 1) / (n * g),
-     "the all-reduce between nodes runs on the replicate group: how many ranks are in it?"),
-    (lambda p, n, g: 2 * (4 * p / g) * (g - 1) / g,
-     "the all-reduce between nodes runs on the replicate group: how many ranks are in it?"),
-    (lambda p, n, g: 2 * (4 * p / (n * g)) * (n - 1) / n,
-     "a rank's shard is the model split over the GPUs of its node, not over every rank"),
-    (lambda p, n, g: (4 * p / g) * (n - 1) / n,
-     "an all-reduce is a reduce-scatter followed by an all-gather (notebook 05): count what both "
-     "halves send"),
-    (lambda p, n, g: 2 * (p / g) * (n - 1) / n,
-     "that counts gradient elements: the question asks for bytes, and an fp32 element is 4 of them"),
-    (lambda p, n, g: 2 * (4 * p / g),
-     "in a ring a rank never sends its own share back to itself: try your function with one node, "
-     "where nothing crosses between nodes"),
-    (lambda p, n, g: 2 * 4 * p * (n - 1),
-     "that is what crosses summed over all N·G ranks: the question asks what one rank sends"),
-    (lambda p, n, g: 4 * p / g * (n - 1),
-     "that agrees on 2 nodes only: how much of its tensor does one rank send in a ring all-reduce "
-     "over N ranks (notebook 05)? Try your function with 4 nodes"),
-    (lambda p, n, g: 2 * 4 * p / g / n,
-     "that agrees on 2 nodes only: how much of its tensor does one rank send in a ring all-reduce "
-     "over N ranks (notebook 05)? Try your function with 4 nodes"),
-]
-
-
-def _judge_between_nodes(answer: Any) -> str | None:
-    if not callable(answer):
-        return (f"write a function of psi, nodes and gpus (a lambda, as shipped), not "
-                f"{type(answer).__name__}: the check tries several clusters")
-    got = []
-    for psi, nodes, gpus in _CLUSTERS:
-        value = answer(psi, nodes, gpus)
-        if value is Ellipsis:
-            raise NotImplementedError  # the answer cell as shipped
-        number = real(value)
-        if number is None:
-            return f"your function must return one number of bytes for each cluster: {NOT_A_NUMBER}"
-        got.append(number)
-
-    def matches(formula: Any) -> bool:
-        return all(math.isclose(v, formula(*c), rel_tol=1e-6, abs_tol=1e-6)
-                   for v, c in zip(got, _CLUSTERS, strict=True))
-
-    if matches(_hsdp_between):
-        return None
-    for formula, hint in _BETWEEN_WRONG:
-        if matches(formula):
-            return hint
-    if len(set(got)) == 1:
-        return "your function gives the same number for every cluster: use psi, nodes and gpus"
-    return ("list the collectives HSDP runs in a step and the group each runs on, keep those whose "
-            "group spans nodes, then count what one rank sends in each (the ring of notebook 05)")
 
 
 CASES["09.4"] = [f"Ψ = {psi:g} parameters, {nodes} node(s) of {gpus} GPUs" for psi, nodes, gpus in _CLUSTERS]

@@ -106,6 +106,19 @@ _MASTER_WEIGHTS = {
 }
 
 
+# two rules that part from the right one only where the model state sits just under the limit
+_PARAMETERS_TWICE = {  # ZeRO-2 counting the whole parameters and a share of them again
+    "ddp": lambda psi, n: 16 * psi,
+    "zero2": lambda psi, n: 4 * psi + 16 * psi / n,
+    "fsdp": lambda psi, n: 16 * psi / n,
+}
+_DDP_20 = {  # DDP at 20 bytes per parameter: a master copy beside parameters that are already fp32
+    "ddp": lambda psi, n: 20 * psi,
+    "zero2": lambda psi, n: 4 * psi + (4 + 8) * psi / n,
+    "fsdp": lambda psi, n: 16 * psi / n,
+}
+
+
 def _choose(parameters: float, gpu_bytes: float, gpus: int, activation_bytes: float,
             state_bytes: dict = _STATE) -> str:
     return next((s for s, state in state_bytes.items()
@@ -124,6 +137,8 @@ _CASES = [  # (parameters, gpu bytes, gpus, activation bytes)
     (10e9, 80e9, 2, 10e9),  # none on 2 GPUs
     (40e9, 80e9, 64, 10e9),  # fsdp on 64 GPUs
     (38e9, 80e9, 8, 10e9),  # none: FSDP's 76 GB of state fits only without the activations
+    (12e9, 80e9, 8, 10e9),  # zero2 at 76 GB; counting the parameters twice (82 GB) says fsdp
+    (4e9, 80e9, 8, 10e9),  # ddp at 74 GB; 20 bytes per parameter (90 GB) says zero2
 ]
 
 
@@ -147,6 +162,14 @@ def _judge_choose(answer: Any) -> str | None:
             return (f"{call} gave {got!r}: that counts 2-byte parameters and gradients beside an fp32 "
                     "master copy, DeepSpeed's and Apex O2's accounting; with torch.autocast or FSDP2's "
                     "mixed precision the parameters and their gradients stay fp32")
+        if got == _choose(*args, state_bytes=_PARAMETERS_TWICE):
+            return (f"{call} gave {got!r}: your ZeRO-2 figure counts the parameters twice, whole on every "
+                    "GPU and again in each GPU's share: ZeRO-2 keeps them whole and splits only the "
+                    "gradients and AdamW's state")
+        if got == _choose(*args, state_bytes=_DDP_20):
+            return (f"{call} gave {got!r}: your DDP figure is more than 16 bytes per parameter: with "
+                    "torch.autocast the fp32 parameters are the only copy, there is no master copy beside "
+                    "them")
         if right == "zero2" and got in ("fsdp", "none") and 8 * psi + 8 * psi / n + act > gpu:
             return ("your ZeRO-2 figure is ZeRO-1's: stage 2 shards more than the optimizer's state, "
                     "so it fits here")

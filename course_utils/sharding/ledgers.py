@@ -17,11 +17,16 @@ FSDP      as ZeRO-3, each parameter's rows split as ``torch.chunk`` splits them
 HSDP      as FSDP, over the G ranks of one node (N nodes of G: the model is replicated N times)
 ========= ============== ============== ===============
 
-Bytes each rank sends per step (ring collectives): DDP, ZeRO-1 and ZeRO-2 ``2 sΨ (N-1)/N``,
-ZeRO-3 ``3 sΨ (N-1)/N`` (a second all-gather of the parameters, for backward). On N nodes of G
-ranks, ``link_bytes_per_step`` says which link those bytes take, rank by rank, in a ring over each
-collective's group in rank order: a rank sends only to the next rank of the ring, so its bytes
-cross between nodes exactly when that rank is on another node.
+Bytes each rank sends per step, in the ring model: every collective a ring over its group in
+rank order, a reduce-scatter or an all-gather of B bytes over n ranks sending B(n-1)/n per rank
+and an all-reduce twice that, which is what NCCL's ring algorithm sends. DDP, ZeRO-1 and ZeRO-2
+``2 sΨ (N-1)/N``, ZeRO-3 ``3 sΨ (N-1)/N`` (a second all-gather of the parameters, for backward).
+On N nodes of G ranks, ``link_bytes_per_step`` says which link those bytes take, rank by rank: a
+rank sends only to the next rank of the ring, so its bytes cross between nodes exactly when that
+rank is on another node. That is a model of the calls torch makes (which groups, what sizes),
+not of gloo's wire: gloo runs a reduce-scatter as an all-reduce of the whole tensor (its bytes,
+``2B(n-1)/n``), and its rings send from each rank to the previous one for an all-reduce or a
+reduce-scatter and to the next one for an all-gather (``tests/test_gloo_wire.py`` measures both).
 """
 
 from __future__ import annotations
@@ -131,19 +136,25 @@ LINKS = ("inside node", "between nodes")
 
 def link_bytes_per_step(numel: int, nodes: int, gpus_per_node: int, strategy: str, itemsize: int = 4, *,
                         rank: int | None = None, reshard_after_forward: int | None = None,
-                        micro_batches: int = 1) -> dict[str, float]:
-    """Bytes ``rank`` sends per step on each link, ranks laid out ``gpus_per_node`` to a node in
-    order (rank r on node r // G), every collective a ring over its group in rank order, in which
-    a rank sends only to the next one: an all-gather or reduce-scatter of B bytes over n ranks
-    (n-1)B/n, an all-reduce twice that. Without ``rank``: the mean over the N·G ranks (what each
-    GPU's network card carries when the rings' crossings are spread over every card).
+                        micro_batches: int = 1, gather_itemsize: int | None = None,
+                        shard_nodes: int = 1) -> dict[str, float]:
+    """Bytes ``rank`` sends per step on each link in the ring model, ranks laid out
+    ``gpus_per_node`` to a node in order (rank r on node r // G), every collective a ring over its
+    group in rank order, in which a rank sends only to the next one: an all-gather or
+    reduce-scatter of B bytes over n ranks (n-1)B/n, an all-reduce twice that (what NCCL's ring
+    sends; gloo's reduce-scatter sends an all-reduce's bytes, see the module's docstring). Without
+    ``rank``: the mean over the N·G ranks (what each GPU's network card carries when the crossings
+    are spread evenly over every card).
 
     ``"ddp"`` all-reduces, ``"fsdp"`` all-gathers twice and reduce-scatters, on the ring of all
     N·G ranks, which crosses between nodes at each node's last rank only. ``reshard_after_forward``
     (``"fsdp"``, an int H dividing G): the backward all-gather runs over H ranks of one node.
-    ``"hsdp"``: the all-gathers and the reduce-scatter over the G ranks of the node
-    (``micro_batches`` times), one all-reduce of the 1/G shard over the N ranks holding it, one per
-    node, all of whose hops cross. ``numel``: Ψ after FSDP's padding.
+    ``"hsdp"``: the all-gathers and the reduce-scatter over the ranks of ``shard_nodes`` whole
+    nodes (one node by default; ``micro_batches`` times), one all-reduce of each rank's shard over
+    the ranks holding the same shard, one per group of ``shard_nodes`` nodes, all of whose hops
+    cross. ``numel``: Ψ after FSDP's padding. ``itemsize``: bytes per gradient element (the
+    reductions); ``gather_itemsize``: bytes per parameter element of the all-gathers (FSDP2's
+    ``MixedPrecisionPolicy(param_dtype=...)``: 2 for bf16), ``itemsize`` when None.
     """
     if strategy not in ("ddp", "fsdp", "hsdp"):
         raise ValueError(f"strategy must be one of ('ddp', 'fsdp', 'hsdp'), got {strategy!r}")
@@ -151,37 +162,58 @@ def link_bytes_per_step(numel: int, nodes: int, gpus_per_node: int, strategy: st
     g = check_positive_int("gpus_per_node", gpus_per_node)
     if check_int("numel", numel) < 0:
         raise ValueError(f"numel must be >= 0, got {numel}")
-    k = check_positive_int("micro_batches", micro_batches)
+    m = check_positive_int("micro_batches", micro_batches)
     if reshard_after_forward is not None and (strategy != "fsdp" or g % check_positive_int(
             "reshard_after_forward", reshard_after_forward)):
         raise ValueError(f"reshard_after_forward must be None, or with 'fsdp' an int dividing "
                          f"gpus_per_node ({g}), got {reshard_after_forward!r}")
+    if gather_itemsize is not None:
+        if strategy == "ddp":
+            raise ValueError("gather_itemsize must be None with 'ddp', which gathers no parameters")
+        check_positive_int("gather_itemsize", gather_itemsize)
+    k = check_positive_int("shard_nodes", shard_nodes)
+    if nodes % k or (k != 1 and strategy != "hsdp"):
+        raise ValueError(f"shard_nodes must be 1, or with 'hsdp' an int dividing nodes ({nodes}), got {k}")
     world, size = nodes * g, numel * itemsize
+    gathered = numel * (itemsize if gather_itemsize is None else gather_itemsize)
     if rank is not None and not 0 <= check_int("rank", rank) < world:
         raise ValueError(f"rank must be in [0, {world}), got {rank}")
-    if strategy == "hsdp":  # every rank alike: its node's ring, then a ring of one rank per node
-        return dict(zip(LINKS, (3 * k * size * (g - 1) / g, 2 * size / g * (nodes - 1) / nodes),
-                        strict=True))
-    passes = {"ddp": 2, "fsdp": 3 if reshard_after_forward is None else 2}[strategy]
-    flat = passes * size * (world - 1) / world  # on the ring of all ranks
+    if strategy == "hsdp":  # its shard group's ring, then a ring of one rank per group of nodes
+        shards, replicas = k * g, nodes // k
+        ring = m * (2 * gathered + size) * (shards - 1) / shards
+        crosses = 0.0 if k == 1 else 1 / g if rank is None else float(rank % g == g - 1)
+        across = 2 * size / shards * (replicas - 1) / replicas
+        return dict(zip(LINKS, (ring * (1 - crosses), ring * crosses + across), strict=True))
     h = reshard_after_forward or 1
-    node_ring = size * (h - 1) / h  # the backward all-gather over H ranks of one node (or none)
+    if strategy == "ddp":
+        flat = 2 * size * (world - 1) / world
+    else:  # on the ring of all ranks: the forward all-gather (and the backward one), the reduce-scatter
+        flat = ((1 if reshard_after_forward else 2) * gathered + size) * (world - 1) / world
+    node_ring = gathered * (h - 1) / h  # the backward all-gather over H ranks of one node (or none)
     crosses = 0.0 if nodes == 1 else 1 / g if rank is None else float(rank % g == g - 1)
     return dict(zip(LINKS, (flat * (1 - crosses) + node_ring, flat * crosses), strict=True))
 
 
-def ring_steps_between_nodes(nodes: int, gpus_per_node: int, strategy: str) -> int:
-    """Steps per layer (per bucket under DDP) of the rings that cross between nodes, each of which
-    waits on the network: a ring collective over n ranks takes n-1 steps (an all-reduce 2(n-1)),
-    and in each one every rank sends a chunk to the next. ``"ddp"``: an all-reduce over all N·G
-    ranks; ``"fsdp"``: two all-gathers and a reduce-scatter over them; ``"hsdp"``: an all-reduce
-    over N ranks, one per node (its all-gathers and reduce-scatter stay inside the node)."""
+def ring_steps_between_nodes(nodes: int, gpus_per_node: int, strategy: str, shard_nodes: int = 1) -> int:
+    """Steps per layer (per bucket under DDP) of the rings that cross between nodes, in the ring
+    model, each of which waits on the network: a ring collective over n ranks takes n-1 steps (an
+    all-reduce 2(n-1)), and in each one every rank sends a chunk to the next. ``"ddp"``: an
+    all-reduce over all N·G ranks; ``"fsdp"``: two all-gathers and a reduce-scatter over them;
+    ``"hsdp"``: an all-reduce over N ranks, one per node (its all-gathers and reduce-scatter stay
+    inside the node), or with ``shard_nodes`` k over N/k ranks, beside the three passes on its
+    shard group of k nodes. A ring-model count: NCCL may use trees across nodes instead, whose
+    steps grow as the logarithm of the number of nodes."""
     if strategy not in ("ddp", "fsdp", "hsdp"):
         raise ValueError(f"strategy must be one of ('ddp', 'fsdp', 'hsdp'), got {strategy!r}")
     nodes, g = check_positive_int("nodes", nodes), check_positive_int("gpus_per_node", gpus_per_node)
+    k = check_positive_int("shard_nodes", shard_nodes)
+    if nodes % k or (k != 1 and strategy != "hsdp"):
+        raise ValueError(f"shard_nodes must be 1, or with 'hsdp' an int dividing nodes ({nodes}), got {k}")
     if nodes == 1:
         return 0
-    return {"ddp": 2 * (nodes * g - 1), "fsdp": 3 * (nodes * g - 1), "hsdp": 2 * (nodes - 1)}[strategy]
+    if strategy == "hsdp":
+        return 2 * (nodes // k - 1) + (3 * (k * g - 1) if k > 1 else 0)
+    return {"ddp": 2 * (nodes * g - 1), "fsdp": 3 * (nodes * g - 1)}[strategy]
 
 
 @dataclasses.dataclass

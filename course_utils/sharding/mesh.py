@@ -9,6 +9,8 @@ notebook 09's FSDP section five ways: DDP and FSDP on the flat group of all rank
 micro-batches with ``set_requires_all_reduce(False)``. ``logged_links`` counts what each rank
 sends in every collective torch's own code runs, in a ring over the collective's group in rank
 order (``LinkLog``), on the link to the next rank of that ring: inside its node or between nodes.
+That is the ring model applied to the calls FSDP2 and DDP make (which groups, what sizes): what
+NCCL's ring would send, not what gloo sends (``ledgers``' docstring says how they differ).
 ``ledgers.link_bytes_per_step`` is the formula the counts must equal.
 """
 
@@ -39,7 +41,8 @@ class LinkLog:
     """Bytes one rank sends in each collective, in a ring over the collective's group in rank
     order, as ``zero.CommLog`` counts them: a rank sends only to the next rank of that ring, so all
     its bytes go on one link, ``"inside node"`` when that rank is on its node, ``"between nodes"``
-    when it is not (notebook 09). ``groups``: the groups whose ring it sent on, by link."""
+    when it is not (notebook 09). ``groups``: the groups whose ring it sent on, by link. Which way
+    round the ring runs is a convention: the other way, other ranks send across, as many bytes."""
 
     def __init__(self, gpus_per_node: int) -> None:
         self.gpus_per_node = gpus_per_node
