@@ -145,3 +145,68 @@ def test_no_sync_is_decided_at_the_forward_as_in_torch_ddp():
     for found in launch(_no_sync_placements, 2, echo=False, backend="gloo", timeout_s=60):
         assert found["torch DDP", "forward inside"] is False and found["torch DDP", "backward inside"] is True
         assert found["by hand", "forward inside"] is False and found["by hand", "backward inside"] is True
+
+
+NO_GRAD_CASES = ("no_sync forward, no_grad forward, backward",
+                 "forward, no_grad forward in no_sync, backward")
+
+
+def _buffers_and_no_grad_forwards(rank, world_size):
+    """What the wrapper and torch's DDP do with BatchNorm's buffers under no_sync accumulation, and
+    with a forward under no_grad between a forward and its backward."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+
+    from course_utils.devices import wrap_ddp
+
+    found = {}
+    for name in ("by hand", "torch DDP"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 4))
+        wrapped = DDPByHand(model, 0.0005) if name == "by hand" else wrap_ddp(model, torch.device("cpu"),
+                                                                              bucket_cap_mb=0.0005)
+        finish = getattr(wrapped, "finish_gradient_synchronization", lambda: None)
+        for micro in range(3):  # the first two under no_sync, each rank its own rows
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(10 * micro + rank)) * (rank + 1)
+            with wrapped.no_sync() if micro < 2 else _nothing():
+                F.mse_loss(wrapped(x), torch.zeros(4, 4)).backward()
+        finish()
+        found[name, "running mean"] = model[1].running_mean.clone()
+        for case in NO_GRAD_CASES:
+            model = trial_model("lesson", 0)
+            wrapped = DDPByHand(model) if name == "by hand" else wrap_ddp(model, torch.device("cpu"))
+            x = torch.randn(4, 8) + rank
+            if case.startswith("no_sync"):
+                with wrapped.no_sync():
+                    loss = F.mse_loss(wrapped(x), torch.zeros(4, 4))
+                with torch.no_grad():
+                    wrapped(x)
+            else:
+                loss = F.mse_loss(wrapped(x), torch.zeros(4, 4))
+                with wrapped.no_sync(), torch.no_grad():
+                    wrapped(x)
+            loss.backward()
+            getattr(wrapped, "finish_gradient_synchronization", lambda: None)()
+            every = [torch.empty(4) for _ in range(world_size)]
+            dist.all_gather(every, model[6].bias.grad)
+            found[name, case] = all(torch.equal(g, every[0]) for g in every)
+        wrapped = model = None
+    return found
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return None
+
+
+def test_buffers_and_no_grad_forwards_follow_torch_ddps_rules():
+    for found in launch(_buffers_and_no_grad_forwards, 2, echo=False, backend="gloo", timeout_s=60):
+        assert torch.equal(found["by hand", "running mean"], found["torch DDP", "running mean"])
+        for case in NO_GRAD_CASES:
+            assert found["by hand", case] == found["torch DDP", case], case
+        assert found["torch DDP", "no_sync forward, no_grad forward, backward"] is False
+        assert found["torch DDP", "forward, no_grad forward in no_sync, backward"] is True

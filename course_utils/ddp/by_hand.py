@@ -138,10 +138,12 @@ class DDPByHand(nn.Module):
     raises ``RuntimeError`` instead of letting the ranks drift apart. DDP's
     ``find_unused_parameters=True``, which marks such parameters ready, is not written here.
 
-    ``broadcast_buffers`` (default True, as DDP): rank 0's buffers are sent to every rank before
-    each forward (BatchNorm's running statistics). ``timeline`` (a :class:`Timeline`) records when
-    each all-reduce starts, finishes and is waited for. The parameters should share one dtype and
-    device (DDP also separates buckets by dtype and device).
+    ``broadcast_buffers`` (default True, as DDP): rank 0's buffers are sent to every rank before a
+    forward that follows a synchronised forward run with gradients, as DDP sends them (BatchNorm's
+    running statistics); a forward under ``torch.no_grad()`` changes none of these decisions.
+    ``timeline`` (a :class:`Timeline`) records when each all-reduce starts, finishes and is waited
+    for. The parameters should share one dtype and device (DDP also separates buckets by dtype and
+    device).
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None,
@@ -158,6 +160,7 @@ class DDPByHand(nn.Module):
         self.index_of = {param: i for i, param in enumerate(self.trainable)}
         self.require_sync = True  # False under no_sync()
         self.sync_next_backward = True  # what the last forward decided: the hooks do nothing if False
+        self.buffers_follow = True  # whether the next forward starts with rank 0's buffers
         self.arrival: list[int] | None = [] if rebuild_buckets else None  # the first step's order
         self._set_buckets(assign_buckets(self.trainable, bucket_cap_mb))
         for param in self.trainable:
@@ -180,14 +183,20 @@ class DDPByHand(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if any(self.arrived):  # the last backward's gradients were never synchronised
             self.finish_gradient_synchronization()
-        self.sync_next_backward = self.require_sync  # decided here, at forward, as DDP decides it
-        if self.arrival and self.require_sync:
+        grad = torch.is_grad_enabled()  # a forward under no_grad leaves DDP's decisions as they were
+        if grad:
+            self.sync_next_backward = self.require_sync  # decided here, at forward, as DDP decides it
+        if grad and self.arrival and self.require_sync:
             self._rebuild_buckets()
-        if self.broadcast_buffers:
+        if self.broadcast_buffers and self.buffers_follow:
             with torch.no_grad():
                 for buffer in self.module.buffers():
                     dist.broadcast(buffer, src=0)
-        return self.module(*args, **kwargs)
+        output = self.module(*args, **kwargs)
+        # as DDP: the buffers are broadcast before a forward only if the one before it was a
+        # synchronised forward with gradients (under no_sync, each rank's buffers stay its own)
+        self.buffers_follow = grad and self.require_sync
+        return output
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

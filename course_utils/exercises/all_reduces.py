@@ -32,12 +32,14 @@ def all_reduces_watched(clock: Any = None) -> Iterator[Watched]:
     ``allreduce_coalesced``), whatever name the code called it by: ``numel`` (the elements handed
     in), ``ptrs`` (where they are), ``sent`` (a copy of their values, flattened, when the all-reduce
     started), ``work`` (the handle the group returned), ``waited`` (how many times the block waited
-    for it, updated as the block goes on), ``after`` (a copy of the tensors' values the first time
-    the block found the all-reduce complete: if nothing but the backend wrote them, the sum over the
-    ranks of what each sent), ``touched`` (whether autograd's version counter of one of its tensors
-    moved between the start and the first wait: an in-place write, a division say, while the backend
-    could still be reading or writing it; the backend's own writes do not move it) and ``at`` (what
-    ``clock()`` returned when it started, if a clock is given).
+    for it, updated as the block goes on), ``average`` (whether it was asked for the mean,
+    ``ReduceOp.AVG``, rather than the sum), ``after`` (a copy of the tensors' values the moment the
+    backend finished, from a callback the watcher chains first to the all-reduce's future: if
+    nothing else wrote them while it ran, the sum, or the mean, of what the ranks sent), ``touched``
+    (whether, at the block's first wait for a finished all-reduce, the tensors held something else
+    than when it finished, not counting what callbacks chained to it wrote: a write, by any means,
+    between the end of the all-reduce and the wait, which on a slower machine would land while it
+    runs) and ``at`` (what ``clock()`` returned when it started, if a clock is given).
 
     Every way of waiting counts: ``wait()`` on the handle (a blocking all-reduce calls it itself),
     ``wait()`` on one of its futures (``get_future()``, or a future chained to one with ``then()``),
@@ -61,17 +63,31 @@ def all_reduces_watched(clock: Any = None) -> Iterator[Watched]:
         held[owner, name] = owner.__dict__.get(name)
         setattr(owner, name, make(original))
 
+    def values(record: dict) -> torch.Tensor:
+        return torch.cat([t.detach().flatten() for t in record["tensors"]]).clone()
+
     def waited(found: list[dict] | None) -> None:
         for record in found or ():
-            if not record["waited"]:  # the first wait: was a tensor written while the all-reduce ran?
-                record["touched"] = any(t._version != v for t, v in zip(record["tensors"], record["versions"],
-                                                                         strict=True))
             record["waited"] += 1
 
     def completed(found: list[dict] | None) -> None:
+        """A wait returned, or a poll said done: the block has not gone on yet. The values the
+        all-reduce left (if its callback has not taken them), and, the first time, whether the
+        tensors changed since it finished, other than by a callback chained to it."""
         for record in found or ():
             if record["after"] is None:
-                record["after"] = torch.cat([t.detach().flatten() for t in record["tensors"]]).clone()
+                record["after"] = record["baseline"] = values(record)
+            if not record["checked"]:
+                record["checked"] = True
+                record["touched"] |= not torch.equal(values(record), record["baseline"])
+
+    def on_done(record: dict) -> Any:
+        def call(future: Any) -> Any:
+            current = values(record)
+            if record["after"] is None:  # the block may already have gone on: then its wait took them
+                record["after"] = record["baseline"] = current
+            return future.value()
+        return call
 
     def on_futures(futures: list[Any], found: list[dict]) -> None:
         for future in futures:
@@ -127,11 +143,18 @@ def all_reduces_watched(clock: Any = None) -> Iterator[Watched]:
         return call
 
     def future_then(original: Any) -> Any:
-        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-            chained = original(self, *args, **kwargs)
-            if id(self) in by_future:
-                on_futures([chained], by_future[id(self)])
-            return chained
+        def call(self: Any, callback: Any, *args: Any, **kwargs: Any) -> Any:
+            found = by_future.get(id(self))
+            if found:  # a callback chained to an all-reduce runs once it is over: its writes are no race
+                def after_callback(future: Any, callback: Any = callback) -> Any:
+                    result = callback(future)
+                    for record in found:
+                        record["baseline"] = values(record)
+                    return result
+                chained = original(self, after_callback, *args, **kwargs)
+                on_futures([chained], found)
+                return chained
+            return original(self, callback, *args, **kwargs)
         return call
 
     def collect_all(original: Any) -> Any:
@@ -147,13 +170,16 @@ def all_reduces_watched(clock: Any = None) -> Iterator[Watched]:
         def call(self: Any, tensors: Any, *args: Any, **kwargs: Any) -> Any:
             handed = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
             sent = torch.cat([t.detach().flatten() for t in handed]).clone() if handed else torch.zeros(0)
+            options = args[0] if args else kwargs.get("opts")
+            average = getattr(options, "reduceOp", None) == dist.ReduceOp.AVG
             work = original(self, tensors, *args, **kwargs)
             record = {"numel": sum(t.numel() for t in handed), "ptrs": [t.data_ptr() for t in handed],
                       "sent": sent, "work": work, "waited": 0,  # the record keeps the handle: its id stays
-                      "tensors": handed, "versions": [t._version for t in handed], "touched": False,
-                      "after": None, "at": clock() if clock else None}
+                      "tensors": handed, "touched": False, "average": average, "after": None,
+                      "baseline": None, "checked": False, "at": clock() if clock else None}
             records.append(record)
             by_work[id(work)] = record
+            then(work.get_future(), on_done(record))  # first of its callbacks: the values as it ends
             if (type(work), "wait") not in held:
                 watch_work_class(type(work))
             return work
@@ -165,6 +191,7 @@ def all_reduces_watched(clock: Any = None) -> Iterator[Watched]:
             return original(self, *args, **kwargs)
         return call
 
+    then = future_class.then  # the original, for the watcher's own callbacks
     try:
         patch(group_class, "allreduce", allreduce)
         patch(group_class, "allreduce_coalesced", allreduce)

@@ -133,9 +133,10 @@ def _criterion_case(sizes: list[int], reduction: str, seed: int) -> tuple[list, 
 
 def _judge_combine(answer: Any) -> str | None:
     for sizes, reduction in _COMBINE:
-        losses, want, (outputs, want_grad) = _criterion_case(sizes, reduction, seed=len(sizes))
-        given = [losses, list(sizes)]
-        before = snapshot(given)
+        with untimed():  # the course's reference: only the answer's own time counts
+            losses, want, (outputs, want_grad) = _criterion_case(sizes, reduction, seed=len(sizes))
+            given = [losses, list(sizes)]
+            before = snapshot(given)
         got = answer(*given, reduction)
         if changed(given, before):
             return ("the losses or chunk sizes you were given changed in place: the caller still holds "
@@ -146,7 +147,7 @@ def _judge_combine(answer: Any) -> str | None:
             if not got.requires_grad:
                 return ("the value is right, but backward cannot start from it: the result lost its "
                         "link to the per-device losses (a Python number, or .item(), breaks it)")
-            (grad,) = torch.autograd.grad(got, outputs)
+            (grad,) = torch.autograd.grad(got, outputs)  # the answer's graph: its time is the answer's
             if not torch.allclose(grad, want_grad, atol=1e-6):
                 return "the value is right, but its gradient is not the plain criterion's"
             continue

@@ -84,8 +84,9 @@ def carries_gradients(record: dict, grads: set[int], own: list[torch.Tensor], wo
 
 def written_in_flight(records: list[dict], world_size: int) -> bool:
     """Whether the answer wrote into a tensor while its all-reduce was in flight, by any means (an
-    in-place division, ``.data``, NumPy): autograd's version counter moved, or what the tensor held
-    when the all-reduce was first found complete is not the sum of what the ranks sent. The sums are
+    in-place division, ``.data``, NumPy): what the tensor held the moment the all-reduce finished is
+    not the sum (or, for ``ReduceOp.AVG``, the mean) of what the ranks sent, or it changed between
+    then and the answer's first wait other than by a callback chained to the all-reduce. The sums are
     worked out here with one blocking all-reduce per record (a collective: every rank calls this at
     the same point, with as many records; if the counts differ, other checks say why)."""
     import torch.distributed as dist
@@ -98,6 +99,8 @@ def written_in_flight(records: list[dict], world_size: int) -> bool:
     for record in records:
         total = record["sent"].clone()
         dist.all_reduce(total)
+        if record["average"]:
+            total /= world_size
         after = record["after"]
         moved |= after is not None and not (after.shape == total.shape
                                             and torch.allclose(after, total, rtol=1e-5, atol=1e-6))
