@@ -55,6 +55,25 @@ def test_the_sweep_trains_as_torch_optimizers_do(config):
     assert got == pytest.approx(_torch_run(16, config, 1, 3, 12), rel=1e-4, abs=1e-6)
 
 
+def test_the_mean_trace_is_the_loss_the_steps_are_counted_on():
+    """trace=(config, None) records the loss averaged over the seeds, the one the target is read on."""
+    configs = [Config("sgd", 0.05), Config("sgd", 0.3)]
+    mean = sweep_batch(16, configs, 3, 0.0, 10, trace=(1, None)).trace
+    each = [sweep_batch(16, configs, 3, 0.0, 10, trace=(1, seed)).trace for seed in range(3)]
+    assert mean == pytest.approx([sum(t) / 3 for t in zip(*each, strict=True)], rel=1e-5)
+    reached = sweep_batch(16, configs, 3, mean[6], 10).steps[1]
+    assert reached == next(i for i, loss in enumerate(mean, 1) if loss <= mean[6])
+
+
+def test_adascale_gains_are_kept_per_configuration():
+    configs = [Config("sgd", 0.05, adascale=True, base_batch=4), Config("sgd", 0.05),
+               Config("sgd", 0.05, adascale=True, base_batch=4, smoothing=0.5)]
+    gains = sweep_batch(32, configs, 2, 0.0, 5).gains
+    assert set(gains) == {0, 2} and len(gains[0]) == len(gains[2]) == 5
+    assert gains[0] != gains[2]  # the smoothing changes the gain
+    assert gains[0][0] == pytest.approx(gains[2][0])  # not at the first step: the averages are debiased
+
+
 def test_the_rules_and_bad_configurations():
     assert linear_rule(0.1, 256, 240) == pytest.approx(0.09375)
     assert sqrt_rule(1e-3, 256, 1024) == pytest.approx(2e-3)
@@ -62,6 +81,8 @@ def test_the_rules_and_bad_configurations():
         Config("adam", 0.1)
     with pytest.raises(ValueError, match="AdaScale is written for SGD"):
         Config("adamw", 0.1, adascale=True)
+    with pytest.raises(ValueError, match="smoothing must be a number >= 0 and < 1"):
+        Config("sgd", 0.1, adascale=True, smoothing=1.0)
     with pytest.raises(ValueError, match="do not divide into chunks of 4"):
         sweep_batch(6, [Config("sgd", 0.1, adascale=True, base_batch=4)], 1, 0.5, 1)
 

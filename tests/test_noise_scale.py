@@ -13,6 +13,7 @@ from course_utils.ddp.noise_scale import (
     NoiseScale,
     NoiseScaleDDP,
     adascale_gain,
+    fairscale_smoothing,
     gradient_noise_scale,
     smoothed,
 )
@@ -92,6 +93,53 @@ def test_adascale_gain_goes_from_one_to_the_scale():
     assert torch.allclose(gains, torch.tensor([1.0, 16.0]))
     with pytest.raises(ValueError, match="batch must be a number of rows > 0"):
         adascale_gain(1.0, 1.0, 4, 0)
+
+
+def test_fairscale_smoothing_follows_the_number_of_gradients():
+    assert fairscale_smoothing(2) == pytest.approx(0.998)
+    assert fairscale_smoothing(256) == pytest.approx(0.744)
+    assert fairscale_smoothing(4000) == 0.0
+    with pytest.raises(ValueError, match="scale must be a number of rows > 0"):
+        fairscale_smoothing(0)
+
+
+def _sampled_statistics(w, rows=2_000_000, seed=3):
+    """|G|², tr(Σ), B_simple and B_noise of the task at weights w, on many rows (float64); each
+    row's squared residual taken given x (its expectation over the label), which lowers the noise."""
+    x, _ = batch_task.batch(torch.Generator().manual_seed(seed), rows)
+    x, w = x.double(), w.double()
+    p, q = torch.sigmoid(x @ w), torch.sigmoid(x @ batch_task.TEACHER.double())
+    g = ((p - q)[:, None] * x).mean(0)
+    second = (x.T * (p**2 - 2 * p * q + q)) @ x / rows
+    sigma = second - torch.outer(g, g)
+    hessian = (x.T * (p * (1 - p))) @ x / rows
+    return float(g @ g), float(sigma.trace()), float((hessian @ sigma).trace() / (g @ hessian @ g))
+
+
+@pytest.mark.parametrize("which", ["zero", "halfway", "random", "near the teacher"])
+def test_the_exact_gradient_statistics_are_those_of_many_rows(which):
+    """gradient_statistics (Stein's identities and quadrature) agrees with 2,000,000 rows, within
+    their sampling error, from the start (w = 0, where x @ w is constant) to near the teacher."""
+    g = torch.Generator().manual_seed(1)
+    noise = torch.randn(batch_task.DIM, generator=g)
+    w = {"zero": torch.zeros(batch_task.DIM), "halfway": batch_task.TEACHER * 0.5, "random": noise,
+         "near the teacher": batch_task.TEACHER * 0.95 + 0.05 * noise}[which]
+    exact = batch_task.gradient_statistics(w)
+    sq_norm, trace, b_noise = _sampled_statistics(w)
+    assert float(exact.trace) == pytest.approx(trace, rel=3e-3)
+    assert float(exact.sq_norm) == pytest.approx(sq_norm, rel=0.02, abs=2e-6)
+    assert float(exact.b_noise) == pytest.approx(b_noise, rel=0.05)
+    assert float(exact.b_simple) == pytest.approx(float(exact.trace / exact.sq_norm))
+    ratio = exact.noise_curvature / exact.gradient_curvature
+    assert float(exact.b_noise / exact.b_simple) == pytest.approx(float(ratio))
+
+
+def test_gradient_statistics_keeps_the_shape_and_refuses_bad_weights():
+    assert batch_task.gradient_statistics(torch.zeros(batch_task.DIM)).b_simple.shape == ()
+    many = batch_task.gradient_statistics(torch.zeros(3, 11, batch_task.DIM))
+    assert many.b_noise.shape == (3, 11) and many.b_noise.dtype == torch.float64
+    with pytest.raises(ValueError, match="weights must be a tensor of shape"):
+        batch_task.gradient_statistics(torch.zeros(3))
 
 
 # ---------------------------------------------------------------------------------- on real ranks

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from . import batch_task
 from .batch_size import Config, linear_rule, sqrt_rule, sweep_batch
+from .noise_scale import fairscale_smoothing
 
 __all__ = ["ADAMW_GRID", "BASE_BATCH", "BATCHES", "CURVES", "SEEDS", "SGD_GRID", "TARGET", "Curves",
            "best_of", "critical_batch", "curves", "regions", "speedups", "tune"]
@@ -36,7 +37,8 @@ SGD_GRID = tuple(0.01 * 2 ** (j / 2) for j in range(12))
 ADAMW_GRID = tuple(0.004 * 2 ** (j / 2) for j in range(12))
 #: the curves :func:`curves` measures, in the order of the plots' legends
 CURVES = ("SGD, best lr", "SGD, fixed lr", "SGD, linear rule", "SGD, linear rule + warmup", "SGD, AdaScale",
-          "AdamW, best lr", "AdamW, linear rule", "AdamW, square-root rule")
+          "SGD, AdaScale, fairscale's smoothing", "AdamW, best lr", "AdamW, linear rule",
+          "AdamW, square-root rule")
 
 
 #: rates whose steps are within this factor of the fewest tie for the best (the optimum is flat)
@@ -71,7 +73,7 @@ def tune(batch: int, optimizer: str, lrs: Sequence[float], seeds: int = SEEDS, t
 class Curves:
     """The sweep's measurements: per curve of :data:`CURVES`, the steps to the target at each of
     ``batches`` (None: not within the step limit); the best learning rate of each batch, per
-    optimizer; AdaScale's mean gain at each step, per batch."""
+    optimizer; AdaScale's mean gain at each step (the course's smoothing), per batch."""
 
     batches: tuple[int, ...]
     steps: dict[str, list[int | None]] = field(default_factory=dict)
@@ -102,6 +104,8 @@ def curves(sgd_lr: float, adamw_lr: float, batches: Sequence[int] = BATCHES, *, 
             "SGD, linear rule + warmup": Config("sgd", linear_rule(sgd_lr, base, batch),
                                                 warmup=WARMUP_STEPS, warmup_from=sgd_lr),
             "SGD, AdaScale": Config("sgd", sgd_lr, adascale=True, base_batch=base),
+            "SGD, AdaScale, fairscale's smoothing": Config("sgd", sgd_lr, adascale=True, base_batch=base,
+                                                           smoothing=fairscale_smoothing(batch // base)),
             "AdamW, linear rule": Config("adamw", linear_rule(adamw_lr, base, batch)),
             "AdamW, square-root rule": Config("adamw", sqrt_rule(adamw_lr, base, batch)),
         }
@@ -118,7 +122,7 @@ def curves(sgd_lr: float, adamw_lr: float, batches: Sequence[int] = BATCHES, *, 
             fewest, lr = best_of(steps, [c.lr for c in grid])
             out.steps[f"{name}, best lr"].append(fewest)
             out.best_lr[name].append(lr)
-        out.gains[batch] = run.gains
+        out.gains[batch] = run.gains[list(rules).index("SGD, AdaScale")]
     return out
 
 

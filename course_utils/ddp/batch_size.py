@@ -34,6 +34,7 @@ __all__ = ["MOMENTUM", "Config", "Sweep", "draws", "linear_rule", "sqrt_rule", "
 #: SGD's momentum (Goyal et al.'s) and AdamW's betas, epsilon and weight decay (torch's defaults)
 MOMENTUM, BETAS, EPS, WEIGHT_DECAY = 0.9, (0.9, 0.999), 1e-8, 1e-2
 #: AdaScale's moving averages of |G|² and tr(Σ): this much of the previous value is kept each step
+#: (the course's choice, the same at every scale; fairscale's default: ``noise_scale.fairscale_smoothing``)
 ADASCALE_SMOOTHING = 0.9
 
 
@@ -58,7 +59,8 @@ class Config:
     ``warmup`` steps of a linear ramp from ``warmup_from`` up to ``lr`` first (Goyal et al. start
     from the base learning rate); ``adascale``: the learning rate is ``lr`` times AdaScale's gain,
     measured every step on chunks of ``base_batch`` rows, the per-rank gradients of ``B /
-    base_batch`` ranks."""
+    base_batch`` ranks, its two estimates averaged over the steps with ``smoothing`` (the share of
+    the average kept at each step)."""
 
     optimizer: str
     lr: float
@@ -66,6 +68,7 @@ class Config:
     warmup_from: float = 0.0
     adascale: bool = False
     base_batch: int = 1
+    smoothing: float = ADASCALE_SMOOTHING
 
     def __post_init__(self) -> None:
         if self.optimizer not in ("sgd", "adamw"):
@@ -75,18 +78,19 @@ class Config:
         check_positive_int("base_batch", self.base_batch)
         if self.adascale and self.optimizer != "sgd":
             raise ValueError("AdaScale is written for SGD (with momentum): use optimizer='sgd'")
+        check_number("smoothing", self.smoothing, at_least=0, below=1)
 
 
 @dataclass(frozen=True)
 class Sweep:
     """What :func:`sweep_batch` measured at one global batch: per configuration, the steps to the
     target (None: not within ``max_steps``); with ``trace``, that copy's loss after every step;
-    with AdaScale, the mean gain per step (over the seeds)."""
+    for each configuration with AdaScale (by index), its gain at every step (the mean over the seeds)."""
 
     batch: int
     steps: list[int | None]
     trace: list[float]
-    gains: list[float]
+    gains: dict[int, list[float]]
 
 
 def draws(batch: int, seeds: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -105,7 +109,8 @@ def sweep_batch(batch: int, configs: Sequence[Config], seeds: int, target: float
     A configuration stops as soon as it has reached the target. Those outside ``keep`` (indices;
     default: all are kept) also stop once they have run twice as many steps as the fastest
     configuration of their optimizer needed: they are not its best, and only the best matters for
-    them (a learning rate grid). ``trace=(config, seed)`` records that copy's loss after every step.
+    them (a learning rate grid). ``trace=(config, seed)`` records that copy's loss after every step
+    (``seed=None``: the loss averaged over the seeds, the one the steps are counted on).
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the tensors are small: one thread is faster than a team
@@ -136,7 +141,7 @@ def _sweep(batch: int, configs: Sequence[Config], seeds: int, target: float, max
     first, second = torch.zeros_like(w), torch.zeros_like(w)  # momentum, or Adam's two moments
     smoothed = torch.zeros(seeds, len(configs), 2)  # AdaScale's moving |G|² and tr(Σ)
     losses: list[float] = []
-    gains: list[float] = []
+    gains: dict[int, list[float]] = {i: [] for i, c in enumerate(configs) if c.adascale}
     best = torch.zeros(2, dtype=torch.int64)  # the first step at which SGD's, AdamW's, reached it
     rows = draws(batch, seeds)
     for step in range(1, max_steps + 1):
@@ -147,9 +152,10 @@ def _sweep(batch: int, configs: Sequence[Config], seeds: int, target: float, max
         for j, i in enumerate(active.tolist()):
             c = configs[i]
             if c.adascale and batch > c.base_batch:
-                gain = _adascale(residual[:, j], x, grad[:, j], c.base_batch, smoothed[:, j], step)
+                gain = _adascale(residual[:, j], x, grad[:, j], c.base_batch, smoothed[:, j], step,
+                                 c.smoothing)
                 now[:, j] *= gain
-                gains.append(float(gain.mean()))
+                gains[i].append(float(gain.mean()))
         a = adam[:, None]
         first = torch.where(a, BETAS[0] * first + (1 - BETAS[0]) * grad, MOMENTUM * first + grad)
         second = torch.where(a, BETAS[1] * second + (1 - BETAS[1]) * grad.square(), second)
@@ -158,7 +164,8 @@ def _sweep(batch: int, configs: Sequence[Config], seeds: int, target: float, max
         w = w * torch.where(adam, 1 - now * WEIGHT_DECAY, 1.0)[..., None] - now[..., None] * update
         mean_loss = batch_task.loss(w).mean(0)
         if trace is not None and bool((active == trace[0]).any()):
-            losses.append(float(batch_task.loss(w[trace[1], int((active == trace[0]).nonzero())])))
+            copy = int((active == trace[0]).nonzero())
+            losses.append(float(mean_loss[copy] if trace[1] is None else batch_task.loss(w[trace[1], copy])))
         reached = mean_loss <= target
         steps[active[reached]] = step
         for group in (0, 1):
@@ -176,10 +183,11 @@ def _sweep(batch: int, configs: Sequence[Config], seeds: int, target: float, max
 
 
 def _adascale(residual: torch.Tensor, x: torch.Tensor, grad: torch.Tensor, base_batch: int,
-              smoothed: torch.Tensor, step: int) -> torch.Tensor:
+              smoothed: torch.Tensor, step: int, a: float) -> torch.Tensor:
     """AdaScale's gain for one configuration, per seed: the batch cut into chunks of
     ``base_batch`` rows (the ranks' own gradients), the mean squared norm of a chunk's gradient and
-    the squared norm of the whole batch's; smoothed over the steps, then the gain."""
+    the squared norm of the whole batch's; smoothed over the steps (``a`` of the average kept each
+    step), then the gain."""
     seeds, batch = residual.shape
     chunks = batch // base_batch
     used = chunks * base_batch
@@ -188,7 +196,6 @@ def _adascale(residual: torch.Tensor, x: torch.Tensor, grad: torch.Tensor, base_
     small = per_chunk.square().sum(-1).mean(1)
     big = grad.square().sum(-1)
     estimate = gradient_noise_scale(small, big, base_batch, used)
-    a = ADASCALE_SMOOTHING
     smoothed.mul_(a).add_((1 - a) * torch.stack([estimate.sq_norm, estimate.trace], -1))
     sq_norm, trace = (smoothed / (1 - a ** step)).unbind(-1)  # debiased, as Adam's moments
     return adascale_gain(sq_norm, trace, base_batch, used)

@@ -26,7 +26,8 @@ from torch import nn
 
 from .by_hand import DDPByHand
 
-__all__ = ["NoiseScale", "NoiseScaleDDP", "adascale_gain", "gradient_noise_scale", "smoothed"]
+__all__ = ["NoiseScale", "NoiseScaleDDP", "adascale_gain", "fairscale_smoothing", "gradient_noise_scale",
+           "smoothed"]
 
 
 class NoiseScale(NamedTuple):
@@ -114,6 +115,13 @@ def adascale_gain(sq_norm: Any, trace: Any, base_batch: float, batch: float) -> 
     gain = torch.where(sigma2 + mu2 > 0, ratio, torch.ones_like(ratio)).clamp(1.0, max(scale, 1.0))
     # endregion
     return gain.float() if tensors else float(gain)
+
+
+def fairscale_smoothing(scale: float) -> float:
+    """The smoothing of AdaScale's moving averages that fairscale's ``AdaScale`` uses when none is
+    given: ``max(1 - S / 1000, 0)``, ``S`` the number of gradients averaged in a step (world size
+    times accumulation steps), so the average spans about ``1000 / S`` steps."""
+    return max(1.0 - _size("scale", scale) / 1000, 0.0)
 
 
 class NoiseScaleDDP(DDPByHand):

@@ -1,29 +1,34 @@
 """Judges of the exercises of notebook 13 (batch size and learning rate); their content is in nb13.toml.
 
-13.1 reads a pair of learning rates. 13.2 runs the answer on squared norms drawn from gradients of
-a known mean and covariance, on several world sizes and per-rank batches, beside the course's
-estimator and the look-alikes the lesson is about. 13.3 runs the answer on real gloo ranks (2 and
-3, several numbers of micro-batches in each launch) through ``run_on_ranks``, with the rank side
-in ``nb13_ranks``, and compares the weights with one process on the same global batches: what N·k
-ranks end with (notebook 05).
-"""
+13.1 reads two pairs of learning rates, one per new world: one with another global batch, one with
+the recipe's global batch on more GPUs of fewer rows, where reasoning per GPU parts from reasoning
+on the global batch. 13.2 runs the answer on squared norms drawn from gradients of a known mean and
+covariance, on several world sizes and per-rank batches, beside the look-alikes the lesson is
+about, and requires every draw's three values to be the unbiased estimates (of the estimates
+linear in the two squared norms, only one of each is unbiased) and their ratio. 13.3 runs the
+answer on real gloo ranks (2 and 3, several numbers of micro-batches in each launch) through
+``run_on_ranks``, with the rank side in ``nb13_ranks``, compares the weights with one process on
+the same global batches (what N·k ranks end with, notebook 05), and counts each step's all-reduces
+and backward passes."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from .answers import NOT_A_NUMBER, reals
 from .core import load_bank, untimed
-from .nb13_ranks import ACCUMULATION_LR, accumulation_answer_rank, global_batches
+from .nb13_ranks import accumulation_answer_rank, reference_weights
 from .on_ranks import run_on_ranks
 
 __all__ = ["CASES", "EXERCISES"]
 
-#: 13.1: the recipe (global batch, SGD's and AdamW's learning rates) and the new world
-RECIPE_BATCH, SGD_LR, ADAMW_LR, GPUS, ROWS_PER_GPU = 256, 0.1, 1e-3, 4, 60
+#: 13.1: the recipe (global batch on so many GPUs, SGD's and AdamW's learning rates) and the new worlds
+RECIPE_BATCH, RECIPE_GPUS, SGD_LR, ADAMW_LR = 256, 8, 0.1, 1e-3
+NEW_WORLDS = [(4, 60), (16, 16)]  # (GPUs, rows per GPU): another global batch; the same one
 #: 13.2: (world size N, rows per rank B, seed): the squared norms of N ranks' gradients of B rows
 NOISE_CASES = [(2, 4, 0), (4, 8, 1), (8, 2, 2), (3, 16, 3)]
 NOISE_DIM, NOISE_DRAWS = 6, 600
@@ -32,8 +37,9 @@ ACCUMULATION_CASES = {2: (2, 3), 3: (4, 2)}
 ACCUMULATION_ROWS = 12
 
 CASES: dict[str, list[str]] = {
-    "13.1": [f"a recipe tuned at a global batch of {RECIPE_BATCH} (SGD lr {SGD_LR:g}, AdamW lr "
-             f"{ADAMW_LR:g}), run on {GPUS} GPUs with {ROWS_PER_GPU} rows each"],
+    "13.1": [f"a recipe tuned at a global batch of {RECIPE_BATCH} on {RECIPE_GPUS} GPUs (SGD lr {SGD_LR:g}, "
+             f"AdamW lr {ADAMW_LR:g}), run on {gpus} GPUs with {rows} rows each"
+             for gpus, rows in NEW_WORLDS],
     "13.2": [f"N={n} ranks of B={b} rows, {NOISE_DRAWS} draws of gradients of known mean and covariance "
              f"(dimension {NOISE_DIM}, seed {seed})" for n, b, seed in NOISE_CASES]
     + ["b_big equal to b_small", "b_big smaller than b_small"],
@@ -44,30 +50,49 @@ CASES: dict[str, list[str]] = {
 
 # ---------------------------------------------------------------- 13.1: the learning rates
 
-def _judge_learning_rates(answer: Any) -> str | None:
-    values = reals(answer, 2)
-    if values is None:
-        return f"write a pair: (SGD's learning rate, AdamW's learning rate); {NOT_A_NUMBER}"
-    sgd, adamw = values
+def _pairs(answer: Any) -> list[list[float]] | None:
+    """Two pairs of numbers (a list or tuple of two sequences of two), or None."""
+    if isinstance(answer, (str, bytes)) or not isinstance(answer, Sequence) or len(answer) != len(NEW_WORLDS):
+        return None
+    pairs = [reals(pair, 2) for pair in answer]
+    return None if any(p is None for p in pairs) else pairs  # type: ignore[return-value]
 
+
+def _judge_learning_rates(answer: Any) -> str | None:
+    pairs = _pairs(answer)
+    if pairs is None:
+        return ("write two pairs, one per new world: ((SGD's rate, AdamW's rate) on 4 GPUs, (SGD's rate, "
+                f"AdamW's rate) on 16 GPUs); {NOT_A_NUMBER}")
+    for (gpus, rows), (sgd, adamw) in zip(NEW_WORLDS, pairs, strict=True):
+        hint = _rates_hint(gpus, rows, sgd, adamw)
+        if hint is not None:
+            return f"on {gpus} GPUs with {rows} rows each: {hint}"
+    return None
+
+
+def _rates_hint(gpus: int, rows: int, sgd: float, adamw: float) -> str | None:
     def near(value: float, ratio: float, base: float) -> bool:
         return math.isclose(value, base * ratio, rel_tol=2e-3)
 
-    new, per_gpu = GPUS * ROWS_PER_GPU / RECIPE_BATCH, ROWS_PER_GPU / RECIPE_BATCH
+    def either(ratio: float) -> bool:  # SGD's or AdamW's rate scaled by ``ratio`` under its rule
+        return near(sgd, ratio, SGD_LR) or near(adamw, math.sqrt(ratio), ADAMW_LR)
+
+    new = gpus * rows / RECIPE_BATCH
     if near(sgd, new, SGD_LR) and near(adamw, math.sqrt(new), ADAMW_LR):
         return None
     if near(sgd, math.sqrt(new), SGD_LR) and near(adamw, new, ADAMW_LR):
         return "the two rules are swapped: the linear rule is SGD's, the square-root rule is Adam's"
-    if near(sgd, per_gpu, SGD_LR) or near(adamw, math.sqrt(per_gpu), ADAMW_LR):
-        return ("that scales by the rows per GPU: the recipe's 256 is a global batch, what all the GPUs "
-                "together take in one step, so compare it with the new global batch")
-    if near(sgd, GPUS, SGD_LR) or near(adamw, math.sqrt(GPUS), ADAMW_LR):
-        return ("that scales by the GPUs alone: a rule follows the global batch, not the number of GPUs "
-                "(the recipe's 256 rows may have been on any number of them)")
+    if either(rows / (RECIPE_BATCH / RECIPE_GPUS)) or either(rows / RECIPE_BATCH):
+        return ("that scales by the rows per GPU: a rule follows the global batch (rows per GPU times GPUs, "
+                "what all the GPUs together take in one step), so compare the new global batch with the "
+                f"recipe's {RECIPE_BATCH}")
+    if either(gpus / RECIPE_GPUS) or either(gpus):
+        return ("that scales by the GPUs: a rule follows the global batch, not the number of GPUs (the same "
+                "global batch on more GPUs of fewer rows each is the same training)")
     if near(sgd, 1, SGD_LR) and near(adamw, 1, ADAMW_LR):
         return ("DDP's mean does not change the learning rate the recipe needs at its own batch, but the "
                 "global batch changed: the rules rescale the learning rate by how much")
-    if near(sgd, 1 / new, SGD_LR) or near(adamw, 1 / math.sqrt(new), ADAMW_LR):
+    if either(1 / new):
         return ("the ratio is upside down: a smaller global batch than the recipe's takes a smaller "
                 "learning rate")
     if near(sgd, new, SGD_LR):
@@ -123,10 +148,11 @@ def _judge_noise_scale(answer: Any) -> str | None:
             return hint
     for world, rows, seed in NOISE_CASES:
         with untimed():
-            small, big, sq_norm, trace = _draws(world, rows, seed)
+            small, big, _, _ = _draws(world, rows, seed)
         b_small, b_big = rows, world * rows
+        draws = list(zip(small.tolist(), big.tolist(), strict=True))
         estimates = []
-        for s, b in zip(small.tolist(), big.tolist(), strict=True):
+        for s, b in draws:
             got = reals(answer(s, b, b_small, b_big), 3)
             if got is None:
                 return f"return three numbers, (|G|², tr(Σ), B_simple); {NOT_A_NUMBER}"
@@ -137,14 +163,47 @@ def _judge_noise_scale(answer: Any) -> str | None:
         if len({tuple(e) for e in estimates}) == 1:
             return ("your function gives the same estimates for different squared norms: they must be "
                     "worked out from the two squared norms and the two batch sizes it is given")
-        mean_sq = sum(e[0] for e in estimates) / len(estimates)
-        mean_trace = sum(e[1] for e in estimates) / len(estimates)
-        if not (math.isclose(mean_sq, sq_norm, rel_tol=0.25, abs_tol=0.02)
-                and math.isclose(mean_trace, trace, rel_tol=0.1)):
-            return (f"averaged over {NOISE_DRAWS} draws of N={world} ranks of B={rows} rows, your estimates "
-                    "are not the distribution's |G|² and tr(Σ): each estimate must be unbiased; write down "
-                    "the expected squared norm of a gradient over B rows for both sizes, and solve the two "
-                    "equations for the two unknowns")
+        hint = _unbiased(estimates, draws, b_small, b_big, f"N={world} ranks of B={rows} rows")
+        if hint is not None:
+            return hint
+    return None
+
+
+def _unbiased(estimates: list[list[float]], draws: list[tuple[float, float]], b_small: float, b_big: float,
+              case: str) -> str | None:
+    """The hint for estimates that are not, draw by draw, the unbiased ones (with two squared norms
+    there is only one linear estimate of each that is unbiased on every distribution), or None."""
+    right = [_formula(s, b, b_small, b_big) for s, b in draws]
+    # what a value may differ by from rounding alone: the terms it is worked out from, float32 or float64
+    scales = [((b_big * abs(b) + b_small * abs(s)) / (b_big - b_small),
+               (abs(s) + abs(b)) / (1 / b_small - 1 / b_big)) for s, b in draws]
+    for index, name in ((1, "tr(Σ)"), (0, "|G|²")):
+        if all(abs(got[index] - want[index]) <= 1e-5 * scale[index]
+               for got, want, scale in zip(estimates, right, scales, strict=True)):
+            continue
+        ratios = [got[index] / want[index] for got, want in zip(estimates, right, strict=True) if want[index]]
+        if ratios and all(math.isclose(r, ratios[0], rel_tol=1e-5) for r in ratios):
+            return (f"your {name} is a fixed multiple of the unbiased estimate, the same on every draw "
+                    f"({case}): a bias that no averaging over steps removes; the estimate's expected value "
+                    f"must be the true {name} on every distribution, with no factor of your own")
+        return (f"your estimate of {name} is not unbiased ({case}, {NOISE_DRAWS} draws): with two squared "
+                "norms only one linear combination of them has the true value as its average on every "
+                "distribution; write down the expected squared norm of a gradient over B rows for both "
+                "sizes, and solve the two equations for the two unknowns")
+
+    def ratio(a: float, b: float) -> float:
+        return a / b if b else math.copysign(math.inf, a) if a else math.nan
+
+    for got in estimates:
+        if math.isclose(got[2], ratio(got[1], got[0]), rel_tol=1e-5):
+            continue
+        over_big = [ratio(e[1], b) for e, (_, b) in zip(estimates, draws, strict=True)]
+        if all(math.isclose(e[2], r, rel_tol=1e-5) for e, r in zip(estimates, over_big, strict=True)):
+            return ("B_simple divides tr(Σ) by the averaged gradient's squared norm, which is not |G|²: it "
+                    "still holds noise; B_simple is the ratio of your own two estimates")
+        return ("|G|² and tr(Σ) are right; B_simple must be their ratio, tr(Σ) over |G|², on every draw as "
+                "they came out (a single step's |G|² can be negative: averaging the estimates over steps, "
+                "not changing one step's ratio, deals with that)")
     return None
 
 
@@ -171,30 +230,10 @@ def _look_alike(got: list[float], small: float, big: float, b_small: float, b_bi
 
 # ---------------------------------------------------------------- 13.3: accumulation on ranks
 
-def _reference(world: int, k: int, how: str) -> torch.Tensor:
-    """One process on 13.3's global batches (what N·k ranks end with), or a look-alike: ``"k times"``
-    (each micro-batch's loss not divided by k), ``"last only"`` (each rank's last micro-batch alone,
-    its loss divided by k)."""
-    from ..ddp import batch_task
-    from ..ddp.batch_size import MOMENTUM
-
-    model = batch_task.model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=ACCUMULATION_LR, momentum=MOMENTUM)
-    for x, y in global_batches(world, ACCUMULATION_ROWS):
-        if how == "last only":
-            x = torch.cat([part.tensor_split(k)[-1] for part in x.tensor_split(world)])
-            y = torch.cat([part.tensor_split(k)[-1] for part in y.tensor_split(world)])
-        scale = {"right": 1.0, "k times": float(k), "last only": 1.0 / k}[how]
-        optimizer.zero_grad()
-        (torch.nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(-1), y) * scale).backward()
-        optimizer.step()
-    return model.weight.detach()[0]
-
-
 def _accumulation_hint(world: int, k: int, ranks: list[dict]) -> str | None:
     first = ranks[0]
     with untimed():
-        right = _reference(world, k, "right")
+        right = reference_weights(world, ACCUMULATION_ROWS, k, "right")
     if any(r["unfinished_step"] for r in ranks):
         return ("the optimizer stepped while the last backward's all-reduce was still running: wait for it "
                 "and average, with the wrapper's finish_gradient_synchronization, before the optimizer's "
@@ -215,11 +254,18 @@ def _accumulation_hint(world: int, k: int, ranks: list[dict]) -> str | None:
     if set(len_ for r in ranks for len_ in r["rows"]) != {ACCUMULATION_ROWS // k}:
         return ("the forward passes did not see k micro-batches of a rank's rows: a fixed number of "
                 "micro-batches was written in, and this check runs several k")
+    backwards = {c for r in ranks for c in r["backwards"]}
+    if backwards != {k}:
+        return (f"the backward ran {min(backwards)} time(s) in a step for k={k} micro-batches: one backward "
+                "of the micro-batches' losses added up keeps every micro-batch's graph alive until it runs, "
+                "the memory of the whole batch at once that accumulating is there to avoid; run a backward "
+                "per micro-batch, as soon as its loss is computed")
     got = first["weights"]
     if torch.allclose(got, right, rtol=1e-4, atol=1e-6):
         return None
     with untimed():
-        k_times, last_only = _reference(world, k, "k times"), _reference(world, k, "last only")
+        k_times, last_only = (reference_weights(world, ACCUMULATION_ROWS, k, how)
+                              for how in ("k times", "last only"))
     if torch.allclose(got, k_times, rtol=1e-4, atol=1e-6):
         return ("the gradient is k times the mean: each micro-batch's loss is a mean over its rows, so the "
                 "k accumulated gradients add up to k times the gradient of the rank's rows")
