@@ -6,9 +6,9 @@ changed between those releases goes through here, so that a lesson module never 
 release it is on.
 
 - ``reduce_scatter_single`` / ``all_gather_single``: the collectives on one flat tensor (notebook
-  10). Torch 2.13 named them so; every earlier release calls them ``reduce_scatter_tensor`` and
+  11). Torch 2.13 named them so; every earlier release calls them ``reduce_scatter_tensor`` and
   ``all_gather_into_tensor``, names that 2.13 still accepts with a ``FutureWarning``.
-- ``dump_flight_recorder``: this process's Flight Recorder buffer (notebook 11). Torch 2.13 dumps
+- ``dump_flight_recorder``: this process's Flight Recorder buffer (notebook 12). Torch 2.13 dumps
   it with ``torch._C._distributed_c10d._dump_fr_trace`` only; 2.11 has that name and the older
   ``_dump_nccl_trace``. Both releases record gloo's collectives as well as NCCL's (measured).
 - ``analyzer_reads_gloo``: torch's Flight Recorder analyzer (``torch.distributed.flight_recorder``)
@@ -71,7 +71,7 @@ def all_gather_single(output: torch.Tensor, input: torch.Tensor, **kwargs: Any) 
 
 
 def flight_recorder_dump_name() -> str | None:
-    """The name of this torch's function that dumps the Flight Recorder, or ``None`` (notebook 11)."""
+    """The name of this torch's function that dumps the Flight Recorder, or ``None`` (notebook 12)."""
     c10d = getattr(torch._C, "_distributed_c10d", None)  # absent from builds without distributed
     return next((name for name in FLIGHT_RECORDER_DUMPS if hasattr(c10d, name)), None)
 

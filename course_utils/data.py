@@ -66,7 +66,7 @@ def regression_dataset(
 
 
 class SlowDataset(Dataset):
-    """Samples that take real time to produce, like images read from disk and decoded (notebook 10).
+    """Samples that take real time to produce, like images read from disk and decoded (notebook 11).
 
     ``work="io"`` waits ``seconds`` per sample (the CPU is free meanwhile, as when reading a
     file); ``work="cpu"`` spends ``seconds`` of CPU time (as when decoding a JPEG), so workers

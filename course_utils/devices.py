@@ -1,6 +1,6 @@
 """Which backend a job uses and which device each rank computes on: one place for the whole course.
 
-Every rank function of the course (notebooks 05, 08, 10) gets its device from :func:`rank_device`,
+Every rank function of the course (notebooks 05, 09, 11) gets its device from :func:`rank_device`,
 never by building ``torch.device("cuda", rank)`` or leaving tensors on the CPU by default. The rules:
 
 - **Backend** (:func:`choose_backend`): NCCL when every rank on this machine can have a GPU of its

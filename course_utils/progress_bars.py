@@ -1,4 +1,4 @@
-"""Progress bars that look like one wherever the course runs (notebooks 01, 03 and 10).
+"""Progress bars that look like one wherever the course runs (notebooks 01, 03 and 11).
 
 ``tqdm`` here takes tqdm's own arguments and picks its look when it is called:
 

@@ -81,7 +81,7 @@ def test_amp_inside_ddp_matches_one_process():
 
 
 def test_fp16_underflows_only_below_half_its_smallest_subnormal():
-    """Notebook 07's rule: normals stop at 2**-14, subnormals at 2**-24, and a value rounds to the
+    """Notebook 08's rule: normals stop at 2**-14, subnormals at 2**-24, and a value rounds to the
     nearest fp16 number, so only values below 2**-25 become zero (2**-25 itself ties to even: 0)."""
     info = torch.finfo(torch.float16)
     assert info.tiny == 2.0**-14 and info.tiny * info.eps == 2.0**-24
@@ -93,7 +93,7 @@ def test_fp16_underflows_only_below_half_its_smallest_subnormal():
 
 
 def test_scaler_steps_records_the_skipped_first_step_of_fp16_training():
-    """Notebook 07's fp16 curve lags fp32 because GradScaler skips step 0 (inf at 65536), not
+    """Notebook 08's fp16 curve lags fp32 because GradScaler skips step 0 (inf at 65536), not
     because of fp16's rounding: started at 256, nothing is skipped and the gap closes."""
     fp32 = train_reference(TrainConfig(epochs=3, amp="off"), 2)["losses"]
     with scaler_steps() as steps:

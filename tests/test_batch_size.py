@@ -1,4 +1,4 @@
-"""Notebook 13's machinery: the task's exact loss, the vectorised sweep against torch's optimizers,
+"""Notebook 07's machinery: the task's exact loss, the vectorised sweep against torch's optimizers,
 the shape of the steps-to-target curve, and gradient accumulation with no_sync equal to the larger
 world on several k and world sizes."""
 

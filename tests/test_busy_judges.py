@@ -1,7 +1,7 @@
 """The checks that run ranks tell slow from stuck (issue 32): a right answer is judged right while
 other processes keep every core busy, a real hang is still reported within the promised time (also
 with fresh-interpreter starts), and a rank that computes for longer than any old wall-clock limit
-is not taken for a stuck one. The judges of notebooks 05, 06, 09 and 11 list the cases they try."""
+is not taken for a stuck one. The judges of notebooks 05, 06, 10 and 12 list the cases they try."""
 
 import contextlib
 import os
@@ -13,7 +13,7 @@ import pytest
 
 import course_utils.distributed
 from course_utils.distributed import LaunchTimeout, launch
-from course_utils.exercises import bank, find, nb05, nb06, nb09, nb11, run_source
+from course_utils.exercises import bank, find, nb05, nb06, nb10, nb12, run_source
 from course_utils.launcher.waiting import STALL_S, Stalls, watching_stalls
 
 #: what the course promises: a hang comes back within about 15 s; the tests allow twice that on a
@@ -51,8 +51,8 @@ def fresh_interpreters(monkeypatch):
 
 
 def _hanging_11_1():
-    """11.1's listed wrong answer that hangs: rank 0 evaluates (a collective) alone."""
-    return next(src for src, fragment in find("11.1").wrong if fragment == "every rank must run it")
+    """12.1's listed wrong answer that hangs: rank 0 evaluates (a collective) alone."""
+    return next(src for src, fragment in find("12.1").wrong if fragment == "every rank must run it")
 
 
 def _timed(key, source):
@@ -62,7 +62,7 @@ def _timed(key, source):
 
 
 def test_a_real_hang_is_reported_as_a_hang_within_the_promised_time():
-    result, seconds = _timed("11.1", _hanging_11_1())
+    result, seconds = _timed("12.1", _hanging_11_1())
     assert result.status == "not yet" and result.hint.startswith(HANG_HINT), (seconds, str(result))
     assert seconds < HANG_REPORTED_S, f"the hang took {seconds:.1f} s to report"
     assert seconds >= STALL_S, f"reported after {seconds:.1f} s: sooner than the evidence allows"
@@ -120,7 +120,7 @@ def _rank_exercises():
 @pytest.mark.stress
 def test_every_right_answer_of_a_rank_check_is_right_with_every_core_busy():
     keys = _rank_exercises()
-    assert {"05.4", "06.1", "06.2", "09.2", "09.3", "11.1", "11.3", "11.4", "11.5", "11.8"} <= set(keys), keys
+    assert {"05.4", "06.1", "06.2", "10.2", "10.3", "12.1", "12.3", "12.4", "12.5", "12.8"} <= set(keys), keys
     wrong, times = [], []
     with every_core_busy() as loops:
         for key in keys:
@@ -130,7 +130,7 @@ def test_every_right_answer_of_a_rank_check_is_right_with_every_core_busy():
                 times.append(f"{key} {seconds:.1f} s")
                 if not result.right:
                     wrong.append(f"{key}: {result}")
-        hung, seconds = _timed("11.1", _hanging_11_1())
+        hung, seconds = _timed("12.1", _hanging_11_1())
     assert not wrong, (loops, wrong, times)
     assert hung.hint.startswith(HANG_HINT) and seconds < HANG_REPORTED_S, (
         f"with {loops} busy loops the hang took {seconds:.1f} s to report: {hung}")
@@ -139,15 +139,15 @@ def test_every_right_answer_of_a_rank_check_is_right_with_every_core_busy():
 @pytest.mark.stress
 def test_fresh_interpreter_starts_judge_right_and_report_a_hang_with_every_core_busy(monkeypatch):
     with fresh_interpreters(monkeypatch), every_core_busy() as loops:
-        for key in ("11.1", "11.8", "09.2"):
+        for key in ("12.1", "12.8", "10.2"):
             result, seconds = _timed(key, find(key).solution)
             assert result.right, (loops, f"{seconds:.1f} s", str(result))
-        hung, seconds = _timed("11.1", _hanging_11_1())
+        hung, seconds = _timed("12.1", _hanging_11_1())
     assert hung.hint.startswith(HANG_HINT) and seconds < HANG_REPORTED_S, (
         f"fresh interpreters, {loops} busy loops: the hang took {seconds:.1f} s to report: {hung}")
 
 
-@pytest.mark.parametrize("module", [nb05, nb06, nb09, nb11], ids=["05", "06", "09", "11"])
+@pytest.mark.parametrize("module", [nb05, nb06, nb10, nb12], ids=["05", "06", "10", "12"])
 def test_every_judge_lists_its_cases_and_a_fix_or_implement_tries_several(module):
     exercises = module.EXERCISES
     assert sorted(module.CASES) == sorted(ex.key for ex in exercises)

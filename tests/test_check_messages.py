@@ -20,16 +20,16 @@ def _words(text: str) -> list[str]:
 @pytest.mark.parametrize("status, hint", [("not yet", LONG_HINT), ("right", ""),
                                           ("not attempted yet", ""), ("not yet", "short")])
 def test_a_message_is_wrapped_between_words_and_keeps_its_first_line(status, hint, monkeypatch, capsys):
-    result = core.Verdict("11.12", "implement", status, hint)
+    result = core.Verdict("12.12", "implement", status, hint)
     monkeypatch.setattr(core, "verdict", lambda key, answer: result)
-    check("11.12", 1)
+    check("12.12", 1)
     printed = capsys.readouterr().out
     lines = printed.splitlines()
     assert all(len(line) <= core._MESSAGE_WIDTH for line in lines), lines
     assert _words(printed) == _words(str(result))  # no word broken, lost or added
     assert all(line.startswith("  ") and not line.startswith("   ") for line in lines[1:])
     mark, key, kind, rest = _VERDICT.findall(printed)[0]
-    assert (key, kind) == ("11.12", "implement") and rest.startswith(f"{status}.")
+    assert (key, kind) == ("12.12", "implement") and rest.startswith(f"{status}.")
     # a line ends only where the next word no longer fits
     for line, following in zip(lines, lines[1:], strict=False):
         assert len(line) + 1 + len(following.split()[0]) > core._MESSAGE_WIDTH, (line, following)

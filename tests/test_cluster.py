@@ -1,4 +1,4 @@
-"""The Slurm script of notebook 08: what it must contain, and that bash can parse it."""
+"""The Slurm script of notebook 09: what it must contain, and that bash can parse it."""
 
 import shutil
 import subprocess

@@ -79,7 +79,7 @@ def test_exercise_08_2_accepts_either_release_names_and_compat():
         names.append(("dist.reduce_scatter_single", "dist.all_gather_single"))
     for reduce_scatter, all_gather in names:
         source = _STEP.format(prelude="pass", reduce_scatter=reduce_scatter, all_gather=all_gather)
-        result = run_source("09.2", source)
+        result = run_source("10.2", source)
         assert result.right, (reduce_scatter, str(result))
 
 
@@ -88,7 +88,7 @@ def test_exercise_08_2_names_the_release_when_a_name_is_missing():
     prelude = ("del dist.reduce_scatter_single, dist.all_gather_single" if NEW_NAMES else "pass")
     source = _STEP.format(prelude=prelude, reduce_scatter="dist.reduce_scatter_single",
                           all_gather="dist.all_gather_single")
-    result = run_source("09.2", source)
+    result = run_source("10.2", source)
     assert result.status == "not yet"
     assert "has no dist.reduce_scatter_single" in result.hint and "compat." in result.hint, result.hint
 

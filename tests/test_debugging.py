@@ -1,6 +1,6 @@
-"""Notebook 11's zoo: every broken program fails the way the notebook says (hang, error, wrong
+"""Notebook 12's zoo: every broken program fails the way the notebook says (hang, error, wrong
 value), every fix equals its single-process reference, and a hang is reported with the stacks of
-the stuck ranks. The exercises' solutions and wrong answers are tested in test_exercises_nb10.py.
+the stuck ranks. The exercises' solutions and wrong answers are tested in test_exercises_nb11.py.
 """
 
 import os
@@ -72,14 +72,14 @@ def test_join_reference_differs_from_dropping_batches():
 
 # ----------------------------------------------------------------------------- the hangs
 
-@pytest.mark.stress  # notebook 11 shows the same stuck lines under nbval in make test
+@pytest.mark.stress  # notebook 12 shows the same stuck lines under nbval in make test
 def test_uneven_inputs_without_join_hang_in_backward():
     err, where = stuck(training_bugs.train_uneven, [3, 2], "plain")
     assert list(err.stacks) == [0]  # rank 1 finished its two batches
     assert where[0].startswith("backward -> backward") and "at: F.mse_loss" in where[0]
 
 
-@pytest.mark.stress  # notebook 11 shows the same stuck lines under nbval in make test
+@pytest.mark.stress  # notebook 12 shows the same stuck lines under nbval in make test
 def test_evaluation_on_rank_0_only_hangs_in_all_reduce_and_the_fix_finishes():
     _, where = stuck(failure_zoo.eval_on_rank_0_only)
     assert where == {0: "eval_on_rank_0_only -> evaluate_everywhere -> all_reduce  at: "
@@ -87,7 +87,7 @@ def test_evaluation_on_rank_0_only_hangs_in_all_reduce_and_the_fix_finishes():
     assert launch(failure_zoo.evaluate_everywhere, 2, echo=False) == pytest.approx([0.6, 0.6])
 
 
-@pytest.mark.stress  # notebook 11 shows the same stuck lines under nbval in make test
+@pytest.mark.stress  # notebook 12 shows the same stuck lines under nbval in make test
 def test_collectives_out_of_order_hang_and_detail_names_them():
     _, where = stuck(failure_zoo.collectives_out_of_order)
     assert where[0].startswith("collectives_out_of_order -> all_reduce")
@@ -193,7 +193,7 @@ def test_wrapped_keys_nest_in_the_order_of_wrapping_and_get_model_state_dict_dro
 
 def test_run_broken_runs_on_gloo_where_launch_would_pick_nccl(monkeypatch, capsys):
     """A machine with GPUs: launch's own choice would be NCCL. The zoo must still run on gloo,
-    where a hang waits at the collective that does not match (notebook 11, section 13)."""
+    where a hang waits at the collective that does not match (notebook 12, section 13)."""
     from course_utils import distributed
 
     monkeypatch.setattr(distributed, "choose_backend", lambda *args, **kwargs: "nccl")
@@ -268,7 +268,7 @@ def test_built_as_restores_what_it_changed():
 
 @pytest.fixture(scope="module")
 def out_of_order():
-    """The out-of-order hang as notebook 11 runs it, with every rank's Flight Recorder dump."""
+    """The out-of-order hang as notebook 12 runs it, with every rank's Flight Recorder dump."""
     return hangs.run_broken(failure_zoo.collectives_out_of_order)
 
 
@@ -340,7 +340,7 @@ def test_no_dump_is_kept_from_after_the_launch_stopped_the_ranks(tmp_path):
     assert [[e["input_sizes"] for e in records[r]["entries"]] for r in (0, 1)] == [[[[3]]]] * 2
 
 
-@pytest.mark.stress  # notebook 11 shows the same stuck lines under nbval in make test
+@pytest.mark.stress  # notebook 12 shows the same stuck lines under nbval in make test
 def test_under_nccl_the_hang_surfaces_where_the_result_is_read():
     hang = hangs.run_broken(failure_zoo.out_of_order_as_on_nccl)
     where = hangs.where_stuck(hang.stacks)

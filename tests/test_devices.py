@@ -238,7 +238,7 @@ CASES = {
     "sharding.runs.zero_by_hand_rank": (2, ()),
     "sharding.runs.api_rank": (2, (2, 8, 1e-2, "{tmp}/ckpt")),
     "sharding.mesh.mesh_rank": (4, (2,)),
-    # notebook 11: the zoo's rank functions, each in a form that finishes
+    # notebook 12: the zoo's rank functions, each in a form that finishes
     "debugging.failure_zoo.sampler_orders": (2, (8, 2, True)),
     "debugging.failure_zoo.eval_on_rank_0_only": (1, ()),  # one rank: nobody else to wait for
     "debugging.failure_zoo.evaluate_everywhere": (2, ()),
@@ -271,7 +271,7 @@ CASES = {
     "ddp.by_hand_trials.routed_orders_rank": (2, ()),
     "ddp.by_hand_trials.torch_bucket_counts_rank": (2, (32, 0.01)),
     "ddp.by_hand_trials.comm_hook_rank": (2, (1,)),
-    # notebook 13: what the global batch does to training
+    # notebook 07: what the global batch does to training
     "ddp.batch_size_runs.two_ways_rank": (2, (8, 4, 2, 0.1)),
     "ddp.batch_size_runs.gradient_draws_rank": (2, (torch.zeros(8), [1, 4], 3)),
     "ddp.batch_size_runs.sweep_point_rank": (2, (8, 0.1, 1, 2, 2)),

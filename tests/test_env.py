@@ -84,7 +84,7 @@ def test_the_plan_says_what_the_launchers_decide(gpus, nccl, monkeypatch):
     assert ("GPUs of its own" in plan["faults and nodes"]) == nodes_on_gpus
     assert ("cuda:0" in plan["one device"]) == (gpus > 0)
     assert ("measured on" in plan["memory per device"]) == (gpus >= 2)
-    # notebook 09 launches 2 ranks with launch's choice; notebook 11's zoo is gloo by name
+    # notebook 10 launches 2 ranks with launch's choice; notebook 12's zoo is gloo by name
     assert ("NCCL, one GPU per rank" in plan["sharded data parallel"]) == (two_rank_backend == "nccl")
     assert hangs.ZOO_BACKEND == "gloo" and "broken programs on gloo" in plan["debugging"]
     assert ("fixes on NCCL" in plan["debugging"]) == (two_rank_backend == "nccl")

@@ -5,8 +5,8 @@ code a fix or an implementation adds.
 
 The hints looked at are those of every listed wrong answer, of the starter, and of probes: for a
 prediction, values near the right one (off by one, doubled, halved, in other units, one element
-changed); for a function, one that returns nothing. Every bank is checked, those of notebooks 09
-and 11 too. A rule stated in words ("add three terms: ...") is beyond this test: reviewing the
+changed); for a function, one that returns nothing. Every bank is checked, those of notebooks 10
+and 12 too. A rule stated in words ("add three terms: ...") is beyond this test: reviewing the
 hints is still needed.
 """
 
@@ -20,10 +20,10 @@ import pytest
 from course_utils.exercises import bank, find, run_source, verdict
 
 ALL = bank("all")
-#: notebook 11's checks run ranks, several launches an answer: their answers are judged in
-#: tests/test_exercise_hints_nb10.py, a module of its own, so that pytest-xdist can run them on
+#: notebook 12's checks run ranks, several launches an answer: their answers are judged in
+#: tests/test_exercise_hints_nb11.py, a module of its own, so that pytest-xdist can run them on
 #: another worker than the rest (each module stays on one worker)
-ON_A_WORKER_OF_THEIR_OWN = "11"
+ON_A_WORKER_OF_THEIR_OWN = "12"
 HERE = [ex for ex in ALL if ex.notebook != ON_A_WORKER_OF_THEIR_OWN]
 
 
@@ -313,7 +313,7 @@ def test_the_detectors_find_values_and_formulas():
 
 
 def test_the_hints_issue_27_found_would_fail():
-    assert _leak(find("10.3"), None, "so each rank holds 4Ψ + (4 + 8)Ψ/N")
+    assert _leak(find("11.3"), None, "so each rank holds 4Ψ + (4 + 8)Ψ/N")
     assert _leak(find("02.3"), 6, "each piece has ceil(18 / 8) rows; count how many pieces it takes")
     assert _leak(find("05.3"), None, "call sampler.set_epoch(epoch) before you read")
     assert _leak(find("03.1"), None, "pass dim=1")

@@ -84,5 +84,5 @@ def test_every_notebook_passes_nbval_with_fresh_interpreter_ranks(tmp_path):
     assert failed == [], f"{failed}\n{tail}"
     assert sorted(per_notebook) == NOTEBOOKS, f"collected: {per_notebook}\n{tail}"
     assert run.returncode == 0, tail
-    # the launches of notebooks 05, 09 and 11 (and their checks) start fresh interpreters
+    # the launches of notebooks 05, 10 and 12 (and their checks) start fresh interpreters
     assert len(watcher.seen) >= 10, f"fresh-interpreter ranks seen: {len(watcher.seen)}\n{tail}"

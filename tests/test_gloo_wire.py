@@ -1,5 +1,5 @@
 """What gloo really puts on the wire, measured from the kernel's own count of the bytes each TCP
-socket sent (``ss -tinp``, Linux), against the ring model of notebook 09's ledgers (what NCCL's
+socket sent (``ss -tinp``, Linux), against the ring model of notebook 10's ledgers (what NCCL's
 ring sends for the calls torch makes).
 
 Measured here, on 4 gloo ranks (where ``ss`` runs): an all-reduce of B bytes sends
@@ -8,7 +8,7 @@ all-reduce's bytes, not the ring model's ``B(n-1)/n``; an all-gather of a b-byte
 ``(n-1)b``, to the next rank; an all-to-all of B bytes sends ``B(n-1)/n``, a share to every
 other rank. So across the node boundary of 2 nodes of 2, gloo's FSDP sends 3 times HSDP's bytes
 where the ring model says 2.25, while DDP's 1.5 and HSDP's own bytes between nodes are the
-model's (notebook 09's mesh section).
+model's (notebook 10's mesh section).
 gloo's Flight Recorder says as much: it logs a reduce-scatter as an all-reduce of the whole tensor.
 """
 
@@ -120,7 +120,7 @@ def test_an_all_to_all_sends_a_share_to_every_other_rank():
 
 
 def _training_rank(rank, world_size, nodes, run):
-    """Bytes each socket sent during one training step of one of notebook 09's mesh runs, width 512."""
+    """Bytes each socket sent during one training step of one of notebook 10's mesh runs, width 512."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     from course_utils.devices import wrap_ddp

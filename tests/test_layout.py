@@ -18,7 +18,7 @@ PACKAGE = ROOT / "course_utils"
 TOP_MODULES = {"__init__", "_checks", "compat", "data", "devices", "distributed", "env", "models",
                "progress_bars", "show"}
 #: one folder per part of the course, with the notebooks it serves, then the machinery
-WINGS = {"dataparallel": "02", "ddp": "05", "faults": "08", "sharding": "09", "debugging": "11"}
+WINGS = {"dataparallel": "02", "ddp": "05", "faults": "09", "sharding": "10", "debugging": "12"}
 FOLDERS = set(WINGS) | {"launcher", "exercises", "tools"}
 MAX_LINES = 300
 MAX_ARROWS = 75

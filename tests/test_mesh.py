@@ -1,4 +1,4 @@
-"""Notebook 09's mesh section: a 2-D DeviceMesh; HSDP, FSDP with ``reshard_after_forward`` set to the
+"""Notebook 10's mesh section: a 2-D DeviceMesh; HSDP, FSDP with ``reshard_after_forward`` set to the
 node size and HSDP accumulating micro-batches with ``set_requires_all_reduce(False)``, each equal
 to DDP and one process on 4 ranks; the bytes each rank sends counted on the link to the next rank
 of each ring against ``ledgers.link_bytes_per_step``, which is tested here against a hop-by-hop
@@ -187,7 +187,7 @@ def test_hsdp_sharded_over_every_node_is_fsdp(nodes, gpus):
 
 
 def test_bf16_gathers_bring_fsdp_nearer_hsdp_between_nodes():
-    """Notebook 10: 7e9 parameters on 2 nodes of 8, all-gathered in fp32 (no MixedPrecisionPolicy)
+    """Notebook 11: 7e9 parameters on 2 nodes of 8, all-gathered in fp32 (no MixedPrecisionPolicy)
     or in bf16 (param_dtype=torch.bfloat16), gradients reduced in fp32 either way."""
     def ratio(**kwargs):
         fsdp, hsdp = (ledgers.link_bytes_per_step(7 * 10**9, 2, 8, s, **kwargs)[BETWEEN]
@@ -201,7 +201,7 @@ def test_bf16_gathers_bring_fsdp_nearer_hsdp_between_nodes():
 
 
 def test_the_issue_s_figures():
-    """Issue 40, point 7: 1.5 and 2.25 times HSDP on 2 nodes of 2; notebook 10's 7e9 parameters on
+    """Issue 40, point 7: 1.5 and 2.25 times HSDP on 2 nodes of 2; notebook 11's 7e9 parameters on
     2 nodes of 8 send about 0.2 s of flat FSDP per step over a 50 GB/s card, not 1.57 s."""
     between = {s: ledgers.link_bytes_per_step(1732, 2, 2, s)[BETWEEN] for s in ("ddp", "fsdp", "hsdp")}
     assert (between["ddp"] / between["hsdp"], between["fsdp"] / between["hsdp"]) == (1.5, 2.25)
@@ -302,7 +302,7 @@ def _hsdp_bf16_rank(rank, world_size):
 
 
 def test_hsdp_gathers_in_bf16_and_reduces_in_fp32_across_nodes_too():
-    """Notebook 10's bf16 line: under MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) HSDP
+    """Notebook 11's bf16 line: under MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) HSDP
     all-gathers bf16 parameters inside the node, and both its reduce-scatter inside the node and
     its all-reduce across nodes carry fp32 gradients."""
     for rank, seen in enumerate(launch(_hsdp_bf16_rank, 4, echo=False, timeout_s=120)):

@@ -1,13 +1,13 @@
-"""Notebook 10's mixed-precision memory: the accounting the course's recipe implies (autocast and
+"""Notebook 11's mixed-precision memory: the accounting the course's recipe implies (autocast and
 FSDP2 keep fp32 parameters: 4 + 4 + 8 bytes), DeepSpeed's and Apex O2's beside it (2 + 2 + 12),
-and exercise 10.3 judged by the first."""
+and exercise 11.3 judged by the first."""
 
 import pytest
 import torch
 from torch import nn
 
 from course_utils.dataparallel.memory import ModelSpec
-from course_utils.exercises import nb10
+from course_utils.exercises import nb11
 from course_utils.sharding import ledgers
 
 STATE = ("parameters", "gradients", "optimizer state")
@@ -63,7 +63,7 @@ def test_the_two_accountings_by_stage(n):
     for strategy in autocast:
         assert model_state(spec, strategy, "autocast", n) == autocast[strategy]
         assert model_state(spec, strategy, "master_weights", n) == master[strategy]
-        assert model_state(spec, strategy, True, n) == master[strategy]  # notebook 09's spelling
+        assert model_state(spec, strategy, True, n) == master[strategy]  # notebook 10's spelling
         assert model_state(spec, strategy, False, n) == autocast[strategy]  # fp32 holds the same
 
 
@@ -85,16 +85,16 @@ def test_a_bad_accounting_is_refused():
 def test_exercise_09_3_is_judged_by_the_autocast_accounting():
     p, g, k = ledgers.BYTES_PER_PARAMETER["autocast"]
     for psi, n in ((1e9, 8), (7e9, 4), (3e9, 64)):
-        assert nb10._STATE["ddp"](psi, n) == (p + g + k) * psi
-        assert nb10._STATE["zero2"](psi, n) == p * psi + (g + k) * psi / n
-        assert nb10._STATE["fsdp"](psi, n) == (p + g + k) * psi / n
+        assert nb11._STATE["ddp"](psi, n) == (p + g + k) * psi
+        assert nb11._STATE["zero2"](psi, n) == p * psi + (g + k) * psi / n
+        assert nb11._STATE["fsdp"](psi, n) == (p + g + k) * psi / n
     # the two accountings disagree on at least one case, where the master-copy count gets its hint
-    differ = [args for args in nb10._CASES
-              if nb10._choose(*args) != nb10._choose(*args, state_bytes=nb10._MASTER_WEIGHTS)]
+    differ = [args for args in nb11._CASES
+              if nb11._choose(*args) != nb11._choose(*args, state_bytes=nb11._MASTER_WEIGHTS)]
     assert differ
 
     def master_copy_answer(parameters, gpu_bytes, gpus, activation_bytes):
-        return nb10._choose(parameters, gpu_bytes, gpus, activation_bytes, nb10._MASTER_WEIGHTS)
+        return nb11._choose(parameters, gpu_bytes, gpus, activation_bytes, nb11._MASTER_WEIGHTS)
 
-    hint = nb10._judge_choose(master_copy_answer)
+    hint = nb11._judge_choose(master_copy_answer)
     assert hint is not None and "DeepSpeed's and Apex O2's accounting" in hint

@@ -1,4 +1,4 @@
-"""The gradient noise scale (notebook 13, section 3) and AdaScale's gain (section 4): the estimates
+"""The gradient noise scale (notebook 07, section 3) and AdaScale's gain (section 4): the estimates
 are unbiased over many draws from a known distribution, bad input is refused with a clear message,
 and on real 2- and 4-rank runs NoiseScaleDDP measures what each rank's gradient and the averaged one
 really are, and its estimates average to the truth."""

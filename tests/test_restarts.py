@@ -2,7 +2,7 @@
 
 The torchrun jobs here (the five kills, one run each, the failing job and the two nodes: about a
 minute) are marked `stress` and run by `make stress`, which CI runs after `make test`, to keep
-`make test` under 5 minutes. Notebook 08 runs a kill-and-resume and the two nodes under nbval in
+`make test` under 5 minutes. Notebook 09 runs a kill-and-resume and the two nodes under nbval in
 `make test`; the timeout test and the log parsing stay here.
 """
 
@@ -85,7 +85,7 @@ def test_a_torchrun_timeout_kills_the_workers_too(tmp_path):
     assert processes_mentioning(str(tmp_path)) == []
 
 
-@pytest.mark.stress  # notebook 08 asserts the same under nbval in `make test`
+@pytest.mark.stress  # notebook 09 asserts the same under nbval in `make test`
 def test_two_agents_as_two_nodes_equal_one_agent(tmp_path, reference):
     agents = torchrun_nodes("course_utils.ddp.train", 2, 1, "--out", tmp_path / "p.pt", *JOB)
     assert [a.returncode for a in agents] == [0, 0]

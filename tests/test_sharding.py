@@ -1,4 +1,4 @@
-"""ZeRO by hand, the sharded ledgers and the FSDP2 / DCP runs of notebook 09."""
+"""ZeRO by hand, the sharded ledgers and the FSDP2 / DCP runs of notebook 10."""
 
 import pytest
 import torch

@@ -202,7 +202,7 @@ def test_in_process_resume_is_exact_only_with_every_part(tmp_path, stop_after):
             f"resuming without {missing} should change the run"
 
 
-@pytest.mark.stress  # three launches; notebook 08 resumes a DDP job under nbval in `make test`
+@pytest.mark.stress  # three launches; notebook 09 resumes a DDP job under nbval in `make test`
 def test_ddp_resume_after_a_lost_rank_under_launch(tmp_path):
     """The resume logic without torchrun: a launch loses rank 1 after step 5; a second launch
     resumes from the snapshot of step 4 and ends bitwise where an uninterrupted launch ends."""

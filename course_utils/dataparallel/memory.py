@@ -1,5 +1,5 @@
 """Where the bytes go on each device: a memory ledger for four strategies (notebook 04; the
-sharded strategies of notebook 09 are in ``sharding.sharded_ledger``).
+sharded strategies of notebook 10 are in ``sharding.sharded_ledger``).
 
 ``ledger(spec, strategy, batch_size=..., num_devices=...)`` counts, per device, the bytes held
 at the start of backward, when the activations, the outputs and the loss's saved tensors all

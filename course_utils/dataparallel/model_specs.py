@@ -1,5 +1,5 @@
 """What a model holds and saves for backward, per sample: the ``ModelSpec`` that notebook 04's
-memory ledger (``memory.ledger``) and notebook 09's sharded one read, counted for small models and
+memory ledger (``memory.ledger``) and notebook 10's sharded one read, counted for small models and
 measured with autograd's saved-tensor hooks (:func:`saved_tensor_bytes`) for a BERT-like encoder.
 """
 

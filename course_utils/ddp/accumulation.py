@@ -1,4 +1,4 @@
-"""Holding a global batch on fewer ranks (notebook 13, section 5): gradient accumulation with
+"""Holding a global batch on fewer ranks (notebook 07, section 5): gradient accumulation with
 ``no_sync``, and learning-rate schedules that keep their meaning when the world size changes.
 
 :func:`accumulate_step` is one optimizer step in ``k`` micro-batches on :class:`.by_hand.DDPByHand`:
@@ -110,7 +110,7 @@ def accumulation_rank(rank: int, world_size: int, k: int, rows_per_rank: int, st
 def accumulation_runs(rank: int, world_size: int, runs: list[tuple[int, int, str]], steps: int,
                       lr: float) -> list[dict]:
     """:func:`accumulation_rank` for each ``(k, rows_per_rank, how)`` of ``runs`` in turn, in this
-    one process group: what notebook 13 compares, from one launch per world size."""
+    one process group: what notebook 07 compares, from one launch per world size."""
     import torch.distributed as dist
 
     out = []

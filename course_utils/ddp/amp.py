@@ -1,4 +1,4 @@
-"""Mixed precision with ``torch.amp``, the successor of NVIDIA Apex's ``amp`` (notebook 07).
+"""Mixed precision with ``torch.amp``, the successor of NVIDIA Apex's ``amp`` (notebook 08).
 
 ``amp`` names used across the course: ``"off"`` (fp32), ``"bf16"`` (bfloat16 autocast: fp32's
 range, no loss scaling needed; runs on CPUs and recent GPUs) and ``"fp16"`` (float16 autocast
@@ -98,7 +98,7 @@ def scaler_steps(init_scale: float | None = None) -> Iterator[list[ScalerStep]]:
 def train_step(model: nn.Module, loss_fn: Callable, inputs: torch.Tensor, targets: torch.Tensor,
                optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, amp: str = "off",
                device_type: str = "cpu") -> torch.Tensor:
-    """One optimizer step in ``amp`` mode, the course's one AMP step (notebooks 05, 07, 10); returns the loss.
+    """One optimizer step in ``amp`` mode, the course's one AMP step (notebooks 05, 08, 11); returns the loss.
 
     The forward and the loss run under autocast, the backward outside it; ``scaler`` scales the
     loss for fp16 and is a pass-through otherwise (``grad_scaler``), so the same four lines train

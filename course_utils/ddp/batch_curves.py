@@ -1,4 +1,4 @@
-"""Notebook 13's sweep: steps to the target against the global batch, for each learning-rate rule,
+"""Notebook 07's sweep: steps to the target against the global batch, for each learning-rate rule,
 and what the curve's shape says (section 2), with AdaScale beside the rules (section 4).
 
 The recipe is tuned once, at the smallest global batch :data:`BASE_BATCH` (the best learning rate

@@ -1,4 +1,4 @@
-"""Steps to a target against the global batch (notebook 13, section 2): Shallue et al.'s curve,
+"""Steps to a target against the global batch (notebook 07, section 2): Shallue et al.'s curve,
 measured on :mod:`.batch_task` with many small models trained at once.
 
 One process stands for N ranks of ``B / N`` rows: DDP's mean gradient is the gradient of the whole
@@ -14,7 +14,7 @@ mean loss has not reached it within ``max_steps`` has no count (None).
 
 The optimizers are torch's own rules, written for a tensor of copies: SGD with momentum
 (``torch.optim.SGD(momentum=0.9)``) and AdamW (``torch.optim.AdamW``); the tests check each
-against torch's, step for step, and notebook 13 checks one point of the sweep on real ranks.
+against torch's, step for step, and notebook 07 checks one point of the sweep on real ranks.
 """
 
 from __future__ import annotations

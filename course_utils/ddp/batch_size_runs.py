@@ -1,4 +1,4 @@
-"""The real-rank runs of notebook 13 (sections 1 to 3), for ``launch``, and their one-process
+"""The real-rank runs of notebook 07 (sections 1 to 3), for ``launch``, and their one-process
 references.
 
 Every run trains :func:`.batch_task.model` on :mod:`.batch_task`'s rows with SGD (momentum 0.9).

@@ -1,4 +1,4 @@
-"""The small task on which notebook 13 measures what the global batch does to training.
+"""The small task on which notebook 07 measures what the global batch does to training.
 
 Logistic regression on Gaussian inputs, with labels drawn from a teacher: each row is ``x`` with
 independent coordinates of variances ``SPECTRUM`` (from 1 down to 1/30: some directions are

@@ -1,5 +1,5 @@
 """The gradient noise scale and AdaScale's gain, from the gradients DDP's ranks already hold
-(notebook 13, sections 3 and 4).
+(notebook 07, sections 3 and 4).
 
 A gradient computed on ``B`` rows drawn independently is the true gradient ``G`` plus noise of
 covariance ``Σ / B`` (``Σ``: the covariance of one row's gradient), so the expected squared norm

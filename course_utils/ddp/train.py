@@ -1,7 +1,7 @@
 """One DDP training job, run three ways (notebook 05).
 
 - ``launch(train_ddp, N, config)`` from a notebook (``train_resumable``: the same, able to
-  resume from a snapshot after a restart, notebook 08);
+  resume from a snapshot after a restart, notebook 09);
 - ``python -m torch.distributed.run --standalone --nproc-per-node=N -m course_utils.ddp.train``
   as a script under torchrun (``main`` below), which saves rank 0's final parameters;
 - ``train_reference(config, N)`` in one process, with the global batch that the N ranks share.
@@ -77,7 +77,7 @@ def train_ddp(rank: int, world_size: int, config: TrainConfig = TrainConfig()) -
 
 
 def resume(snapshot, ddp_model, optimizer, scaler, attempt: int) -> tuple[int, int, int]:
-    """(epoch, batch in that epoch, global step) to start from: the snapshot's, or zeros (notebook 08)."""
+    """(epoch, batch in that epoch, global step) to start from: the snapshot's, or zeros (notebook 09)."""
     if snapshot is None:
         return 0, 0, 0
     if not Path(snapshot).is_file():
@@ -92,11 +92,11 @@ def resume(snapshot, ddp_model, optimizer, scaler, attempt: int) -> tuple[int, i
 def train_resumable(rank: int, world_size: int, config: TrainConfig = TrainConfig(),
                     snapshot: str | os.PathLike | None = None, snapshot_every: int = 0,
                     before_step: Callable[[int, int, int], None] | None = None) -> dict:
-    """``train_ddp`` that survives a restart (notebook 08), bitwise the same when nothing fails.
+    """``train_ddp`` that survives a restart (notebook 09), bitwise the same when nothing fails.
 
     With ``snapshot``, training resumes from that file if it exists, and rank 0 writes it every
     ``snapshot_every`` steps. ``before_step(rank, global_step, attempt)`` runs before each step:
-    notebook 08 injects a fault with it (``course_utils.faults.crashes.KillAt``).
+    notebook 09 injects a fault with it (``course_utils.faults.crashes.KillAt``).
     """
     _check_config(config)
     _check_snapshot_args(snapshot, snapshot_every, before_step)

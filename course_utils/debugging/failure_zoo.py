@@ -1,4 +1,4 @@
-"""A zoo of real distributed-training failures, each a small rank function (notebook 11).
+"""A zoo of real distributed-training failures, each a small rank function (notebook 12).
 
 Every function here runs under ``distributed.launch(fn, world_size, ..., timeout_s=small)``: the
 broken ones hang or raise on purpose (:func:`course_utils.debugging.hangs.run_broken` runs them and says

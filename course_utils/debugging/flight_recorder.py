@@ -1,4 +1,4 @@
-"""Flight Recorder dumps of a hung job, read side by side (notebook 11).
+"""Flight Recorder dumps of a hung job, read side by side (notebook 12).
 
 :func:`recording_flight` makes a rank function leave its rank's dump of its last collectives;
 :func:`flight_table` shows each rank's last collectives side by side, :func:`first_disagreement`
@@ -163,7 +163,7 @@ def first_disagreement(records: dict[int, dict]) -> str | None:
 
 def first_mismatch_of(records: dict[int, dict]) -> tuple[int, int] | None:
     """Where the dumps first disagree, as (the collective's number in its group, the rank whose
-    entry there differs from every other rank's): the answer exercise 11.12 asks for."""
+    entry there differs from every other rank's): the answer exercise 12.12 asks for."""
     found = _disagreement(records)
     if found is None:
         return None
@@ -174,7 +174,7 @@ def first_mismatch_of(records: dict[int, dict]) -> tuple[int, int] | None:
 
 def example_flight_records() -> dict[int, dict]:
     """The Flight Recorder entries of a 3-rank NCCL job that hung, in the format of the dumps above
-    (only the fields :func:`flight_table` reads): exercise 11.12 asks where they first disagree.
+    (only the fields :func:`flight_table` reads): exercise 12.12 asks where they first disagree.
 
     After two matched gradient all-reduces, ranks 0 and 2 all-reduce the loss for the log (one
     value); rank 1 skipped that and all-reduces the next step's gradient. Under NCCL no rank stops

@@ -1,4 +1,4 @@
-"""Gradient compression with DDP communication hooks, on gloo (notebook 11).
+"""Gradient compression with DDP communication hooks, on gloo (notebook 12).
 
 :func:`train_compressed` trains with a plain all-reduce, PyTorch's ``fp16_compress_hook``, or
 :func:`bf16_compress_on_gloo` and counts the bytes each step sends. :func:`torch_bf16_hook` shows
@@ -48,7 +48,7 @@ def built_as(cuda: str | None, nccl: tuple[int, ...] | None) -> Iterator[None]:
 
 
 def torch_bf16_hook(rank: int, world_size: int, build: str | None, steps: int = 20) -> dict[str, Any]:
-    """PyTorch's own ``bf16_compress_hook`` in DDP on this group's backend (gloo in notebook 11),
+    """PyTorch's own ``bf16_compress_hook`` in DDP on this group's backend (gloo in notebook 12),
     registered as this torch is built (``build=None``) or as :data:`BUILDS` ``[build]`` would be.
     Raises DDP's ``TypeError`` where its check refuses; else trains as :func:`train_compressed`."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

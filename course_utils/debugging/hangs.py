@@ -1,5 +1,5 @@
 """Run a broken rank program without hanging the notebook, and say where each rank got stuck
-(notebook 11).
+(notebook 12).
 
 :func:`run_broken` runs a program that hangs under ``distributed.launch`` with a small timeout, on
 gloo on every machine (:data:`ZOO_BACKEND`), and keeps each rank's Flight Recorder dump
@@ -32,7 +32,7 @@ ZOO_BACKEND = "gloo"
 #: How long a broken program runs before it counts as stuck: forked ranks start in hundredths of a
 #: second; fresh interpreters (where a GPU is visible) first import torch. Measured with fresh
 #: interpreters on Colab's torch (a CUDA build, 2.11) on 2 busy cores: the slowest right answer
-#: of notebook 11's exercises took 4.7 s a launch; three times that is the allowance, so that a
+#: of notebook 12's exercises took 4.7 s a launch; three times that is the allowance, so that a
 #: slower machine (Colab's 2 vCPUs) never reads a right program as stuck.
 HANG_S, HANG_FRESH_S = 2.0, 15.0
 

@@ -1,4 +1,4 @@
-"""Training-loop failures under DDP and their fixes, with single-process references (notebook 11).
+"""Training-loop failures under DDP and their fixes, with single-process references (notebook 12).
 
 Each ``train_*`` function is a rank function for ``distributed.launch``; each ``*_reference``
 computes in one process what the ranks must end with, so a fix is asserted, not claimed:

@@ -1,5 +1,5 @@
 """What collectives a rank ran, seen at torch's dispatcher, and the bytes a ring sends for them (the
-judges of notebook 09): every route to a collective ends there before the backend, the functional
+judges of notebook 10): every route to a collective ends there before the backend, the functional
 collectives too (``torch.distributed._functional_collectives``, DTensor's), which never reach the
 process group's Python methods."""
 
@@ -72,7 +72,7 @@ def collectives_dispatched() -> Iterator[list[tuple[str, int]]]:
 
 def ring_bytes_sent(calls: list[tuple[str, int]], world_size: int) -> float:
     """The bytes one rank sends for ``calls`` (from :func:`collectives_dispatched` or
-    :func:`collectives_called`) in the ring model of notebook 09: an all-reduce of B bytes
+    :func:`collectives_called`) in the ring model of notebook 10: an all-reduce of B bytes
     ``2B(N-1)/N``; a reduce-scatter, an all-to-all or a broadcast of B bytes ``B(N-1)/N`` (a
     broadcast on average over the ranks); an all-gather of a b-byte shard ``(N-1)b``; a barrier
     nothing; anything else its bytes."""

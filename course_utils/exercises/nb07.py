@@ -1,243 +1,293 @@
-"""Judges of the exercises of notebook 07 (mixed precision); their content is in nb07.toml."""
+"""Judges of the exercises of notebook 07 (batch size and learning rate); their content is in nb07.toml.
+
+13.1 reads two pairs of learning rates, one per new world: one with another global batch, one with
+the recipe's global batch on more GPUs of fewer rows, where reasoning per GPU parts from reasoning
+on the global batch. 13.2 runs the answer on squared norms drawn from gradients of a known mean and
+covariance, on several world sizes and per-rank batches, beside the look-alikes the lesson is
+about, and requires every draw's three values to be the unbiased estimates (of the estimates
+linear in the two squared norms, only one of each is unbiased) and their ratio. 13.3 runs the
+answer on real gloo ranks (2 and 3, several numbers of micro-batches in each launch) through
+``run_on_ranks``, with the rank side in ``nb07_ranks``, compares the weights with one process on
+the same global batches (what N·k ranks end with, notebook 05), and counts each step's all-reduces
+and backward passes."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
-from .answers import real, whole
-from .core import changed, load_bank, reference, snapshot
+from .answers import NOT_A_NUMBER, reals
+from .core import load_bank, untimed
+from .nb07_ranks import accumulation_answer_rank, reference_weights
+from .on_ranks import run_on_ranks
 
 __all__ = ["CASES", "EXERCISES"]
 
+#: 13.1: the recipe (global batch on so many GPUs, SGD's and AdamW's learning rates) and the new worlds
+RECIPE_BATCH, RECIPE_GPUS, SGD_LR, ADAMW_LR = 256, 8, 0.1, 1e-3
+NEW_WORLDS = [(4, 60), (16, 16)]  # (GPUs, rows per GPU): another global batch; the same one
+#: 13.2: (world size N, rows per rank B, seed): the squared norms of N ranks' gradients of B rows
+NOISE_CASES = [(2, 4, 0), (4, 8, 1), (8, 2, 2), (3, 16, 3)]
+NOISE_DIM, NOISE_DRAWS = 6, 600
+#: 13.3: world size -> the numbers of micro-batches tried in its launch; rows per rank
+ACCUMULATION_CASES = {2: (2, 3), 3: (4, 2)}
+ACCUMULATION_ROWS = 12
 
-#: 07.1's values, each stored in its format: a normal fp16 number's neighbour, one between half of
-#: fp16's smallest subnormal and that subnormal (the look-alike rule "below the smallest subnormal
-#: is zero" says it dies), and one far below bf16's normals that bf16's range still holds
-_SURVIVES = ((1e-5, torch.float16), (4e-8, torch.float16), (1e-9, torch.bfloat16))
+CASES: dict[str, list[str]] = {
+    "07.1": [f"a recipe tuned at a global batch of {RECIPE_BATCH} on {RECIPE_GPUS} GPUs (SGD lr {SGD_LR:g}, "
+             f"AdamW lr {ADAMW_LR:g}), run on {gpus} GPUs with {rows} rows each"
+             for gpus, rows in NEW_WORLDS],
+    "07.2": [f"N={n} ranks of B={b} rows, {NOISE_DRAWS} draws of gradients of known mean and covariance "
+             f"(dimension {NOISE_DIM}, seed {seed})" for n, b, seed in NOISE_CASES]
+    + ["b_big equal to b_small", "b_big smaller than b_small"],
+    "07.3": [f"world_size={n}, k={k} micro-batches of a rank's {ACCUMULATION_ROWS} rows, against one process "
+             "on the global batch" for n, ks in ACCUMULATION_CASES.items() for k in ks],
+}
 
 
-def _flag(value: Any) -> bool | None:
-    """``value`` as a bool when it is one: True/False, NumPy's bool or a 0-d bool tensor."""
-    if isinstance(value, bool):
-        return value
-    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
-    if numpy_bool or (isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype == torch.bool):
-        return bool(value)
+# ---------------------------------------------------------------- 13.1: the learning rates
+
+def _pairs(answer: Any) -> list[list[float]] | None:
+    """Two pairs of numbers (a list or tuple of two sequences of two), or None."""
+    if isinstance(answer, (str, bytes)) or not isinstance(answer, Sequence) or len(answer) != len(NEW_WORLDS):
+        return None
+    pairs = [reals(pair, 2) for pair in answer]
+    return None if any(p is None for p in pairs) else pairs  # type: ignore[return-value]
+
+
+def _judge_learning_rates(answer: Any) -> str | None:
+    pairs = _pairs(answer)
+    if pairs is None:
+        return ("write two pairs, one per new world: ((SGD's rate, AdamW's rate) on 4 GPUs, (SGD's rate, "
+                f"AdamW's rate) on 16 GPUs); {NOT_A_NUMBER}")
+    for (gpus, rows), (sgd, adamw) in zip(NEW_WORLDS, pairs, strict=True):
+        hint = _rates_hint(gpus, rows, sgd, adamw)
+        if hint is not None:
+            return f"on {gpus} GPUs with {rows} rows each: {hint}"
     return None
 
 
-def _judge_survives(answer: Any) -> str | None:
-    flags = [_flag(a) for a in answer] if isinstance(answer, (tuple, list)) else []
-    if len(flags) != len(_SURVIVES) or None in flags:
-        return ("write three True/False: (1e-5 survives in fp16, 4e-8 survives in fp16, 1e-9 "
-                "survives in bf16)")
-    normal, subnormal, bf16 = ((torch.tensor(v).to(d).item() != 0) for v, d in _SURVIVES)
-    if flags[0] != normal:
-        return ("1e-5 is below fp16's smallest *normal* number, but that is not the smallest number "
-                "fp16 holds: look at the table's subnormal column")
-    if flags[1] != subnormal:
-        return ("4e-8 is below fp16's smallest subnormal, but a value is rounded to the nearest "
-                "number fp16 holds: when is zero the nearest?")
-    if flags[2] != bf16:
-        return ("bf16's few mantissa bits limit its precision, not its range: compare 1e-9 with "
-                "bf16's smallest numbers in the table")
-    return None
+def _rates_hint(gpus: int, rows: int, sgd: float, adamw: float) -> str | None:
+    def near(value: float, ratio: float, base: float) -> bool:
+        return math.isclose(value, base * ratio, rel_tol=2e-3)
+
+    def either(ratio: float) -> bool:  # SGD's or AdamW's rate scaled by ``ratio`` under its rule
+        return near(sgd, ratio, SGD_LR) or near(adamw, math.sqrt(ratio), ADAMW_LR)
+
+    new = gpus * rows / RECIPE_BATCH
+    if near(sgd, new, SGD_LR) and near(adamw, math.sqrt(new), ADAMW_LR):
+        return None
+    if near(sgd, math.sqrt(new), SGD_LR) and near(adamw, new, ADAMW_LR):
+        return "the two rules are swapped: the linear rule is SGD's, the square-root rule is Adam's"
+    if either(rows / (RECIPE_BATCH / RECIPE_GPUS)) or either(rows / RECIPE_BATCH):
+        return ("that scales by the rows per GPU: a rule follows the global batch (rows per GPU times GPUs, "
+                "what all the GPUs together take in one step), so compare the new global batch with the "
+                f"recipe's {RECIPE_BATCH}")
+    if either(gpus / RECIPE_GPUS) or either(gpus):
+        return ("that scales by the GPUs: a rule follows the global batch, not the number of GPUs (the same "
+                "global batch on more GPUs of fewer rows each is the same training)")
+    if near(sgd, 1, SGD_LR) and near(adamw, 1, ADAMW_LR):
+        return ("DDP's mean does not change the learning rate the recipe needs at its own batch, but the "
+                "global batch changed: the rules rescale the learning rate by how much")
+    if either(1 / new):
+        return ("the ratio is upside down: a smaller global batch than the recipe's takes a smaller "
+                "learning rate")
+    if near(sgd, new, SGD_LR):
+        return "SGD's is right; AdamW's takes the square-root rule, not the linear one"
+    if near(adamw, math.sqrt(new), ADAMW_LR):
+        return "AdamW's is right; SGD's takes the linear rule, not the square-root one"
+    return ("work out the new global batch (rows per GPU times GPUs), its ratio to the recipe's, then "
+            "apply each optimizer's rule to its own learning rate")
 
 
-def _scaled_step_setup() -> tuple[nn.Linear, torch.Tensor, torch.Tensor]:
-    torch.manual_seed(0)
-    return nn.Linear(8, 4), torch.randn(16, 8), torch.zeros(16, 4)
+# ---------------------------------------------------------------- 13.2: gradient_noise_scale
+
+def _draws(world: int, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+    """The squared norms (mean local, averaged) of ``NOISE_DRAWS`` steps of ``world`` ranks of
+    ``rows`` rows each, per-row gradients ``G + L z``; and the true ``|G|²`` and ``tr(Σ)``."""
+    g = torch.Generator().manual_seed(seed)
+    mean = torch.randn(NOISE_DIM, generator=g, dtype=torch.float64) * 0.3
+    factor = torch.randn(NOISE_DIM, NOISE_DIM, generator=g, dtype=torch.float64) / NOISE_DIM ** 0.5
+    noise = torch.randn(NOISE_DRAWS, world, rows, NOISE_DIM, generator=g, dtype=torch.float64)
+    per_row = mean + noise @ factor.T
+    local = per_row.mean(2)  # each rank's gradient over its rows
+    small = local.square().sum(-1).mean(1)  # the mean over the ranks of the local squared norms
+    big = local.mean(1).square().sum(-1)  # the averaged gradient's squared norm
+    return small, big, float(mean.square().sum()), float((factor @ factor.T).trace())
 
 
-def _tiny_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return ((output.float() - target) * 1e-8).sum()  # gradients of about 1e-8: below fp16's range
+def _formula(small: float, big: float, b_small: float, b_big: float) -> tuple[float, float, float]:
+    sq_norm = (b_big * big - b_small * small) / (b_big - b_small)
+    trace = (small - big) / (1 / b_small - 1 / b_big)
+    return sq_norm, trace, trace / sq_norm
 
 
-def _huge_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return ((output.float() - target) * 1e4).sum()  # scaled by 2**16, its gradients overflow fp16
+def _close(got: list[float], want: tuple[float, ...]) -> bool:
+    return all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-9) for a, b in zip(got, want, strict=True))
 
 
-def _fp16_first_steps(answer: Any) -> str | None:
-    """Two steps with gradients of about 1e-8 (below fp16's range), at the scale 2**16 and then at
-    the scale the first step grew it to."""
-    from ..ddp.amp import autocast
-
-    reference_model, inputs, targets = _scaled_step_setup()
-    reference_optimizer = torch.optim.SGD(reference_model.parameters(), lr=1e6)
-    expected = []
-    for _ in range(2):  # two plain fp32 steps
-        reference_optimizer.zero_grad()
-        with autocast("off"):
-            _tiny_loss(reference_model(inputs), targets).backward()
-        expected.append(reference_model.weight.grad.clone())
-        reference_optimizer.step()
-
-    model, inputs, targets = _scaled_step_setup()
-    batch = [inputs, targets]
-    given = snapshot(batch)
-    before = model.weight.detach().clone()
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e6)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1)
-    seen: list[torch.dtype] = []
-
-    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        seen.append(output.dtype)
-        return _tiny_loss(output, target)
-
+def _refuses(answer: Any, b_small: float, b_big: float) -> str | None:
     try:
-        answer(model, optimizer, scaler, inputs, targets, loss_fn)
-    except AssertionError as err:
-        if "_scale is None" in str(err):
-            return ("the scaler was asked to step, but it never scaled the loss, so it has nothing to "
-                    "undo: the gradients must come from the loss the scaler multiplied")
-        if "inf checks" not in str(err):
-            raise
-        return ("the optimizer stepped with gradients still multiplied by the scale, and the scaler "
-                "never saw them (update found no inf check): let the scaler step the optimizer")
-    if changed(batch, given):
-        return "the batch you were given changed in place: a training step only reads it"
-    if seen and seen[0] != torch.float16:
-        return (f"the forward ran in {str(seen[0]).replace('torch.', '')}: the step is meant to compute "
-                "in fp16 under autocast, with the loss scaled so that fp16's gradients survive")
-    if model.weight.grad is None:
-        return "no gradient reached the weights: the step must run backward"
-    grad = model.weight.grad
-    scale = 2.0**16  # the scale the step ran with
-    if torch.count_nonzero(grad) == 0 or grad.abs().max() < expected[0].abs().max() / 100:
-        return ("the gradients came out (almost) zero: in fp16 gradients of about 1e-8 underflow. "
-                "Run backward on the loss the scaler has multiplied, not on the loss itself")
-    if torch.allclose(grad, expected[0] * scale, rtol=1e-2):
-        return ("the step used gradients that are still multiplied by the scale: let the scaler "
-                "step the optimizer (it divides the gradients by the scale first, and skips a step "
-                "whose gradients overflowed)")
-    if not torch.allclose(grad, expected[0], rtol=1e-2, atol=1e-9):
-        return "the gradients differ from fp32's: autocast the forward and the loss, nothing else"
-    if torch.equal(before, model.weight.detach()):
-        return "the gradients are right but the weights did not move: the optimizer must step"
-    if not torch.allclose(model.weight.detach(), before - 1e6 * expected[0], rtol=1e-3, atol=1e-5):
-        return "the weights moved, but not by one SGD step with the unscaled gradients"
-    if scaler.get_scale() != 2 * scale:  # growth_interval=1: a good step, once recorded, doubles it
-        return "the step is right, but the scaler was not told about it: update it after the step"
-
-    after_first = model.weight.detach().clone()
-    answer(model, optimizer, scaler, inputs, targets, loss_fn)  # a second step, at the doubled scale
-    second = model.weight.detach() - after_first
-    if not torch.allclose(second, -1e6 * expected[1], rtol=2e-2, atol=1e-5):
-        return ("the first step is right, the second is not: the scale changed in between (it grows "
-                "after good steps), so a scale written into the code goes stale")
-    return None
+        answer(0.5, 0.3, b_small, b_big)
+    except ValueError:
+        return None
+    except Exception as err:  # noqa: BLE001 - another exception is the learner's mistake to name
+        return (f"with b_big={b_big:g} and b_small={b_small:g} it raised {type(err).__name__}: refuse "
+                "sizes that give nothing to solve with a ValueError that says so")
+    return (f"with b_big={b_big:g} and b_small={b_small:g} it returned estimates: the two equations need two "
+            "batch sizes, the big one larger; raise a ValueError")
 
 
-def _fp16_overflow(answer: Any) -> str | None:
-    """A step whose gradients, multiplied by the scale, overflow fp16: skipped, the scale halved."""
-    model, inputs, targets = _scaled_step_setup()
-    before = model.weight.detach().clone()
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1)
-    answer(model, optimizer, scaler, inputs, targets, _huge_loss)
-    if not torch.equal(before, model.weight.detach()):
-        return ("with gradients that overflowed fp16, your step still changed the weights (to inf or "
-                "nan): a step whose gradients overflowed must be skipped, and the scaler knows when")
-    if scaler.get_scale() != 2.0**16 / 2:
-        return "a step whose gradients overflowed must also lower the scale for the next one"
-    return None
-
-
-_FP16_RUNS = [
-    ("two steps with gradients of about 1e-8, from the scale 2**16 (growth_interval=1)", _fp16_first_steps),
-    ("one step whose scaled gradients overflow fp16, at the scale 2**16", _fp16_overflow),
-]
-
-
-def _judge_fp16_step(answer: Any) -> str | None:
-    for _, run in _FP16_RUNS:
-        hint = run(answer)
-        if hint:
+def _judge_noise_scale(answer: Any) -> str | None:
+    for b_small, b_big in ((8, 8), (16, 4)):
+        hint = _refuses(answer, b_small, b_big)
+        if hint is not None:
+            return hint
+    for world, rows, seed in NOISE_CASES:
+        with untimed():
+            small, big, _, _ = _draws(world, rows, seed)
+        b_small, b_big = rows, world * rows
+        draws = list(zip(small.tolist(), big.tolist(), strict=True))
+        estimates = []
+        for s, b in draws:
+            got = reals(answer(s, b, b_small, b_big), 3)
+            if got is None:
+                return f"return three numbers, (|G|², tr(Σ), B_simple); {NOT_A_NUMBER}"
+            hint = _look_alike(got, s, b, b_small, b_big)
+            if hint is not None:
+                return hint
+            estimates.append(got)
+        if len({tuple(e) for e in estimates}) == 1:
+            return ("your function gives the same estimates for different squared norms: they must be "
+                    "worked out from the two squared norms and the two batch sizes it is given")
+        hint = _unbiased(estimates, draws, b_small, b_big, f"N={world} ranks of B={rows} rows")
+        if hint is not None:
             return hint
     return None
 
 
-_ALWAYS = "an overflow changes the scale and the count the same way, whatever the count was"
-_GIVEN = "with growth_interval=5 your rule acted as if it were another number: use the one you are given"
-#: (scale, good steps so far, found_inf, growth_interval), the right (scale, count), and the hint
-#: for a wrong scale and for a wrong count
-_SCALE_CASES = [
-    ((65536.0, 1, True, 2), (32768.0, 0),
-     ("after a step whose gradients overflowed, what must happen to the scale that made them overflow?",
-      "after an overflow your count of good steps went on: does a run of good steps survive an overflow?")),
-    ((4096.0, 1, True, 2), (2048.0, 0), (_ALWAYS, _ALWAYS)),
-    ((4096.0, 0, False, 2), (4096.0, 1),
-     ("after one good step (growth_interval=2) your scale changed: re-read what growth_interval counts",
-      "a good step that leaves the scale as it is must still show in the count of good steps")),
-    ((4096.0, 1, False, 2), (8192.0, 0),
-     ("after growth_interval good steps in a row your scale did not change: what does the scaler try then?",
-      "after the scale grew, your count of good steps kept counting: what does a new scale start from?")),
-    ((4096.0, 3, False, 5), (4096.0, 4), (_GIVEN, _GIVEN)),
-    ((4096.0, 1, False, 5), (4096.0, 2), (_GIVEN, _GIVEN)),
-    ((4096.0, 4, False, 5), (8192.0, 0), (_GIVEN, _GIVEN)),
-]
-_SMALL = ("after an overflow at a small scale (or one that is not a power of two) your scale is not half "
-          "of what it was: the scale is a float that keeps halving, with no rounding and no floor")
-#: the edges, whose right answers come from the reference solution: scales of 1 and less, scales
-#: that are not powers of two, growth_interval=1 (every good step grows the scale) and 3
-_EDGES = [((1.0, 0, True, 2), (_SMALL, _ALWAYS)), ((3.0, 1, True, 2), (_SMALL, _ALWAYS)),
-          ((0.5, 0, True, 3), (_SMALL, _ALWAYS)), ((0.75, 0, False, 1), (_GIVEN, _GIVEN)),
-          ((1.0, 2, False, 3), (_GIVEN, _GIVEN)), ((1.0, 1, False, 3), (_GIVEN, _GIVEN))]
-#: runs of steps through torch's own GradScaler: (init_scale, growth_interval, found_inf per step)
-_SCALER_RUNS = [(2.0**16, 2, (True, True, False, False, True, False, False, False, True, False)),
-                (1.0, 3, (True, True, False, False, False, True, False, False, False, False))]
+def _unbiased(estimates: list[list[float]], draws: list[tuple[float, float]], b_small: float, b_big: float,
+              case: str) -> str | None:
+    """The hint for estimates that are not, draw by draw, the unbiased ones (with two squared norms
+    there is only one linear estimate of each that is unbiased on every distribution), or None."""
+    right = [_formula(s, b, b_small, b_big) for s, b in draws]
+    # what a value may differ by from rounding alone: the terms it is worked out from, float32 or float64
+    scales = [((b_big * abs(b) + b_small * abs(s)) / (b_big - b_small),
+               (abs(s) + abs(b)) / (1 / b_small - 1 / b_big)) for s, b in draws]
+    for index, name in ((1, "tr(Σ)"), (0, "|G|²")):
+        if all(abs(got[index] - want[index]) <= 1e-5 * scale[index]
+               for got, want, scale in zip(estimates, right, scales, strict=True)):
+            continue
+        ratios = [got[index] / want[index] for got, want in zip(estimates, right, strict=True) if want[index]]
+        if ratios and all(math.isclose(r, ratios[0], rel_tol=1e-5) for r in ratios):
+            return (f"your {name} is a fixed multiple of the unbiased estimate, the same on every draw "
+                    f"({case}): a bias that no averaging over steps removes; the estimate's expected value "
+                    f"must be the true {name} on every distribution, with no factor of your own")
+        return (f"your estimate of {name} is not unbiased ({case}, {NOISE_DRAWS} draws): with two squared "
+                "norms only one linear combination of them has the true value as its average on every "
+                "distribution; write down the expected squared norm of a gradient over B rows for both "
+                "sizes, and solve the two equations for the two unknowns")
 
-CASES: dict[str, list[str]] = {
-    "07.1": [f"{value:g} in {str(dtype).removeprefix('torch.')}" for value, dtype in _SURVIVES],
-    "07.2": [label for label, _ in _FP16_RUNS],
-    "07.3": [f"scale={a[0]:g}, good_steps={a[1]}, found_inf={a[2]}, growth_interval={a[3]}"
-             for a, *_ in _SCALE_CASES + _EDGES]
-    + [f"{len(steps)} steps of GradScaler(init_scale={init:g}, growth_interval={interval})"
-       for init, interval, steps in _SCALER_RUNS],
-}
+    def ratio(a: float, b: float) -> float:
+        return a / b if b else math.copysign(math.inf, a) if a else math.nan
+
+    for got in estimates:
+        if math.isclose(got[2], ratio(got[1], got[0]), rel_tol=1e-5):
+            continue
+        over_big = [ratio(e[1], b) for e, (_, b) in zip(estimates, draws, strict=True)]
+        if all(math.isclose(e[2], r, rel_tol=1e-5) for e, r in zip(estimates, over_big, strict=True)):
+            return ("B_simple divides tr(Σ) by the averaged gradient's squared norm, which is not |G|²: it "
+                    "still holds noise; B_simple is the ratio of your own two estimates")
+        return ("|G|² and tr(Σ) are right; B_simple must be their ratio, tr(Σ) over |G|², on every draw as "
+                "they came out (a single step's |G|² can be negative: averaging the estimates over steps, "
+                "not changing one step's ratio, deals with that)")
+    return None
 
 
-_NOT_A_SCALE = ("return a pair: (the new scale, a number; the new count of good steps, a whole "
-                "number)")
-
-
-def _scale_and_count(got: Any) -> tuple[float, int] | None:
-    """A rule's (scale, good_steps), read as numbers however written (answers.py), else None."""
-    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+def _look_alike(got: list[float], small: float, big: float, b_small: float, b_big: float) -> str | None:
+    """The hint for an answer that matches a look-alike of the estimator on this draw, or None."""
+    right = _formula(small, big, b_small, b_big)
+    if _close(got, right):
         return None
-    scale, count = real(got[0]), whole(got[1])
-    return None if scale is None or count is None else (scale, count)
+    if math.isclose(got[0], big, rel_tol=1e-6):
+        return ("the averaged gradient's squared norm is not |G|²: it still holds noise, a smaller share "
+                "than one rank's gradient but not none; use the two squared norms together")
+    if _close(got, _formula(small, big, b_big, b_small)):
+        return ("the batch sizes are swapped: b_small goes with the squared norm of the gradient over fewer "
+                "rows (one rank's), b_big with the averaged one")
+    if b_big != 2 * b_small and _close(got, _formula(small, big, b_small, 2 * b_small)):
+        return ("that takes b_big to be twice b_small, a world size of 2 written in: this check runs "
+                "other world sizes; use the b_big it is given")
+    if _close(got[:2], right[:2]) and math.isclose(got[2], 1 / right[2], rel_tol=1e-5):
+        return "|G|² and tr(Σ) are right; B_simple is the noise over the signal, not the other way round"
+    if _close(got[:2], right[1::-1]):
+        return "the two estimates are in the wrong order: return (|G|², tr(Σ), B_simple)"
+    return None
 
 
-def _judge_next_scale(answer: Any) -> str | None:
-    rule = reference("07.3")
-    for args, right, hints in _SCALE_CASES + [(args, tuple(rule(*args)), hints) for args, hints in _EDGES]:
-        got = _scale_and_count(answer(*args))
-        if got is None:
-            return _NOT_A_SCALE
-        for value, expected, hint in zip(got, right, hints, strict=True):
-            if value != expected:
+# ---------------------------------------------------------------- 13.3: accumulation on ranks
+
+def _accumulation_hint(world: int, k: int, ranks: list[dict]) -> str | None:
+    first = ranks[0]
+    with untimed():
+        right = reference_weights(world, ACCUMULATION_ROWS, k, "right")
+    if any(r["unfinished_step"] for r in ranks):
+        return ("the optimizer stepped while the last backward's all-reduce was still running: wait for it "
+                "and average, with the wrapper's finish_gradient_synchronization, before the optimizer's "
+                "step")
+    agree = all(torch.allclose(r["weights"], first["weights"], rtol=1e-5, atol=1e-7) for r in ranks)
+    counts = [c for r in ranks for c in r["all_reduces"]]
+    if not agree:
+        if not any(counts):
+            return ("the ranks ended with different weights: their gradients were never all-reduced; the "
+                    "last micro-batch's backward must run outside no_sync")
+        return ("the ranks ended with different weights: gradient was added on each rank after the "
+                "all-reduce; the all-reduce must come after the last micro-batch, once every gradient of "
+                "the step has been added up")
+    if any(c > 1 for c in counts):
+        return (f"every micro-batch's backward all-reduced ({max(counts)} all-reduces in a step): the "
+                "numbers can come out right, but accumulating is there to save those all-reduces; only "
+                "the last backward of a step synchronises, the others run under no_sync")
+    if set(len_ for r in ranks for len_ in r["rows"]) != {ACCUMULATION_ROWS // k}:
+        return ("the forward passes did not see k micro-batches of a rank's rows: a fixed number of "
+                "micro-batches was written in, and this check runs several k")
+    backwards = {c for r in ranks for c in r["backwards"]}
+    if backwards != {k}:
+        return (f"the backward ran {min(backwards)} time(s) in a step for k={k} micro-batches: one backward "
+                "of the micro-batches' losses added up keeps every micro-batch's graph alive until it runs, "
+                "the memory of the whole batch at once that accumulating is there to avoid; run a backward "
+                "per micro-batch, as soon as its loss is computed")
+    got = first["weights"]
+    if torch.allclose(got, right, rtol=1e-4, atol=1e-6):
+        return None
+    with untimed():
+        k_times, last_only = (reference_weights(world, ACCUMULATION_ROWS, k, how)
+                              for how in ("k times", "last only"))
+    if torch.allclose(got, k_times, rtol=1e-4, atol=1e-6):
+        return ("the gradient is k times the mean: each micro-batch's loss is a mean over its rows, so the "
+                "k accumulated gradients add up to k times the gradient of the rank's rows")
+    if torch.allclose(got, last_only, rtol=1e-4, atol=1e-6):
+        return ("only the last micro-batch's gradient reached the step: zero_grad between the micro-batches "
+                "throws the accumulated ones away; clear the gradients once per optimizer step")
+    return (f"on {world} ranks with k={k}, the weights are not those of {world * k} ranks on the same rows "
+            "(one process on the global batch)")
+
+
+def _judge_accumulation(answer: Any) -> str | None:
+    for world, ks in ACCUMULATION_CASES.items():
+        hang = ("the ranks hung: every rank must run the same backward passes, with the same ones under "
+                "no_sync")
+        results, hint = run_on_ranks(accumulation_answer_rank, world, answer, ks, ACCUMULATION_ROWS,
+                                     hang_hint=hang)
+        if results is None:
+            return hint
+        for k in ks:
+            hint = _accumulation_hint(world, k, [r[k] for r in results])
+            if hint is not None:
                 return hint
-    # the same runs of steps through torch's own GradScaler: the scales must agree step by step
-    for init, interval, steps in _SCALER_RUNS:
-        weight = nn.Parameter(torch.zeros(1))
-        optimizer = torch.optim.SGD([weight], lr=0.0)
-        scaler = torch.amp.GradScaler("cpu", init_scale=init, growth_interval=interval)
-        scaler.scale(torch.ones(1))  # the scaler starts its scale on first use
-        scale, good = init, 0
-        for found_inf in steps:
-            weight.grad = torch.tensor([float("inf") if found_inf else 1.0])
-            scaler.step(optimizer)
-            scaler.update()
-            got = _scale_and_count(answer(scale, good, found_inf, interval))
-            if got is None:
-                return _NOT_A_SCALE
-            scale, good = got
-            if scale != scaler.get_scale():
-                return "over a longer run of steps your scale drifts from GradScaler's: check each rule again"
     return None
 
 

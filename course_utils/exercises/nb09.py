@@ -1,218 +1,281 @@
-"""Judges of the exercises of notebook 09 (sharded data parallelism); their content is in nb09.toml."""
+"""Judges of the exercises of notebook 09 (fault tolerance and several nodes);
+their content is in nb09.toml."""
 
 from __future__ import annotations
 
-import math
+import contextlib
+import io
+import os
+import sys
+import tempfile
+from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
+from torch import nn
 
-from ..compat import COLLECTIVE_NAMES
-from .answers import NOT_A_NUMBER, real, reals
+from .answers import whole
 from .core import load_bank
-from .nb09_between import CLUSTERS as _CLUSTERS
-from .nb09_between import hsdp_between as _hsdp_between  # noqa: F401 - the reference, for the tests
-from .nb09_between import judge_between_nodes as _judge_between_nodes  # noqa: F401 - 09.4's judge
-from .on_ranks import hint_from_ranks
 
 __all__ = ["CASES", "EXERCISES"]
 
-_PSI, _N = 1_000_000_000, 8
-
-
-#: bytes per parameter of (parameters, gradients, optimizer state) under mixed-precision Adam
-_SIZES = (2, 2, 12)
-#: stages -> which of the three ZeRO shards; "swapped" shards the parameters and keeps the gradients,
-#: which gives stage 2's total whenever parameters and gradients take as many bytes: only the three
-#: numbers tell them apart
-_STAGES = {(False, False, False): "ddp", (False, False, True): "zero1", (False, True, True): "zero2",
-           (True, True, True): "zero3", (True, False, True): "swapped"}
-_STAGE_HINTS = {
-    "ddp": "that is DDP's figure: stage 2 shards the gradients and the optimizer state",
-    "zero1": "that is ZeRO-1: stage 2 also shards the gradients",
-    "zero3": "that is ZeRO-3: in stage 2 every rank still holds all the fp16 parameters",
-    "swapped": ("that shards the parameters and keeps every gradient: stage 2 shards what backward and the "
-                "optimizer produce, and every rank still holds all the fp16 parameters forward needs"),
-}
-
-
-def _judge_zero2_bytes(answer: Any) -> str | None:
-    if real(answer) is not None:
-        return ("write three numbers, (parameters, gradients, optimizer state) in bytes: one total cannot "
-                "show which of them stage 2 shards (sharding the parameters instead of the gradients "
-                "gives the same total when both take 2 bytes)")
-    parts = reals(answer, 3)
-    if parts is None:
-        return ("write three numbers in a tuple or list, (parameters, gradients, optimizer state) in bytes, "
-                f"not {type(answer).__name__}")
-
-    def near(value: float, target: float) -> bool:
-        return abs(value - target) <= 0.005 * target
-
-    def read(values: list[float]) -> tuple | None:
-        """For each part: sharded (True), whole (False), or None when it is neither."""
-        return tuple(True if near(value, size * _PSI / _N) else False if near(value, size * _PSI) else None
-                     for value, size in zip(values, _SIZES, strict=True))
-
-    kinds = read(parts)
-    stage = _STAGES.get(kinds)
-    if stage == "zero2":
-        return None
-    if stage in _STAGE_HINTS:
-        return _STAGE_HINTS[stage]
-    if _STAGES.get(read([v * 10**9 for v in parts])) == "zero2":
-        return "that is in GB (10^9 bytes): the question asks for bytes"
-    p, g, k = parts
-    if p == 0:
-        return "the parameters are missing: in stage 2 every rank still holds all the fp16 parameters"
-    if kinds == (False, True, False):
-        return "stage 2 shards the optimizer state too, as every stage from 1 on does"
-    if kinds[:2] == (False, True) and any(near(k, b * _PSI / _N) for b in (8, 10, 14, 16)):
-        return ("count K = 12 bytes of Adam state per parameter in mixed precision: an fp32 master "
-                "copy and two fp32 moments")
-    if near(p, 4 * _PSI) or near(g, 4 * _PSI / _N):
-        return "the parameters and gradients are fp16 here: 2 bytes each"
-    return ("list the kinds of model state mixed-precision Adam keeps per parameter, and for each ask "
-            "whether stage 2 keeps it whole on every rank or splits it over the N ranks")
-
-
-#: 09.2's cases: the world sizes it launches, the shard length on each rank (odd: no written-in
-#: halves), the seed of the parameters and gradients
-ZERO1_CASES = [(2, 5, 0), (3, 4, 1), (4, 3, 2)]
-#: 09.3's cases: the world sizes, each with two gradients (rows that do not divide evenly): one
-#: whose norm is above max_norm, one below it (a clip that always rescales fails there)
-CLIP_WORLDS, CLIP_ROWS = (2, 3), 7
-CLIP_CASES = [("above", 1.0), ("below", 1000.0)]
+#: 08.1's targets, inside a fresh folder
+_TARGETS = ["snapshot.pt", "runs/job 1/last.pt"]
+#: 08.2's jobs are 15 steps of 6 batches per epoch; the snapshot is taken after these steps
+_RESUME_AFTER = [8, 3, 12]
+#: 08.3's job writes a snapshot every 3 steps; it is killed after these steps, one run each (a rule
+#: such as "resume one step back" agrees with the right one after step 10, not after 11 or 9)
+_EVERY, _KILLS = 3, (11, 9)
 
 CASES: dict[str, list[str]] = {
-    "09.1": ["Ψ = 10^9 parameters, N = 8 ranks: parameters, gradients, optimizer state"],
-    "09.2": [f"world_size={n}, a shard of {size} values, seed {seed}" for n, size, seed in ZERO1_CASES],
-    "09.3": [f"world_size={n}, 3 gradients of {CLIP_ROWS} rows split unevenly, norm {where} max_norm={m:g}"
-             for n in CLIP_WORLDS for where, m in CLIP_CASES],
+    "09.1": [f"two saves, then one that dies half-way, to {name!r} in a fresh folder" for name in _TARGETS],
+    "09.2": [f"a snapshot after step {k} of 15 (epoch {k // 6}, batch {k % 6}), resumed in a fresh process"
+             for k in _RESUME_AFTER],
+    "09.3": [f"a snapshot every {_EVERY} steps, killed after step {k}" for k in _KILLS],
 }
 
 
-def zero1_step_rank(rank: int, world_size: int, answer: Any, size: int, seed: int) -> str | None:
-    """One rank of exercise 09.2's check: ``answer`` against AdamW on the averaged gradient, with
-    the bytes it sent counted in the ring model where every route to a collective ends, torch's
-    dispatcher (``collectives_dispatched``: the functional collectives too)."""
-    import torch.distributed as dist
+class _DiesHalfWay:
+    """Stands in for the moment a writer is killed: pickling it notes what a restart would find
+    under the target's name at that moment (what a handler run later cannot change), then raises."""
 
-    from ..devices import rank_device
-    from .dispatched import collectives_dispatched, ring_bytes_sent
+    def __init__(self, target: Path, found: list) -> None:
+        self.target, self.found = target, found
 
-    device = rank_device()
-    g = torch.Generator().manual_seed(seed)
-    start = torch.randn(size * world_size, generator=g).to(device)
-    grads = [torch.randn(size * world_size, generator=g).to(device) for _ in range(world_size)]
-    reference = torch.nn.Parameter(start.clone())
-    reference.grad = sum(grads) / world_size
-    torch.optim.AdamW([reference], lr=0.1).step()
+    def __reduce__(self):
+        self.found.append(_step_in(self.target))
+        raise RuntimeError("the writer died half-way through the save (simulated)")
 
-    flat_param = start.clone()
-    mine = slice(size * rank, size * (rank + 1))
-    shard = torch.nn.Parameter(flat_param[mine].clone())
-    optimizer = torch.optim.AdamW([shard], lr=0.1)
-    flat_grad = grads[rank].clone()
+
+#: the events of the save being watched, in order, while a check of 08.1 runs (else None):
+#: ("sync", inode or None where the file is not known) and ("rename", inode, src, dst)
+_EVENTS: list | None = None
+_AUDITING = False
+
+
+def _audit(event: str, args: tuple) -> None:
+    """Every rename that runs (os.rename, os.replace, Path.replace, shutil.move), however it is named."""
+    if _EVENTS is None or event != "os.rename":
+        return
     try:
-        with collectives_dispatched() as calls:  # what ran, whatever name or route the answer took
-            answer(flat_param, flat_grad, shard, optimizer)
-    except AttributeError as err:  # a collective's name from another torch release
-        names = [n for pair in COLLECTIVE_NAMES.items() for n in pair if f"'{n}'" in str(err)]
-        if not names:
-            raise
-        return (f"torch {torch.__version__} has no dist.{names[0]}: the flat-tensor collectives "
-                "changed names in torch 2.13 (see 'What gloo offers'); compat.reduce_scatter_single "
-                "and compat.all_gather_single work on every release")
-    dist.barrier()
-    if shard.grad is None:
-        return "shard.grad is still None: reduce-scatter the gradient into a tensor and set shard.grad"
-    if torch.allclose(shard.grad, sum(grads)[mine]):
-        return "shard.grad is the sum over the ranks: DDP averages, so divide by the world size"
-    if not torch.allclose(shard.grad, reference.grad[mine]):
-        summed = sum(grads)[mine]
-        ratio = (summed @ shard.grad / (shard.grad @ shard.grad).clamp_min(1e-30)).item()
-        if torch.allclose(shard.grad * ratio, summed, rtol=1e-4, atol=1e-6):  # a fixed divisor
-            return ("shard.grad is the sum divided by a fixed number, not by the world size: this check "
-                    "runs on several world sizes")
-        return "shard.grad is not this rank's slice of the averaged gradient: reduce-scatter flat_grad"
-    if not torch.allclose(shard.detach(), reference.detach()[mine]):
-        return ("shard.grad is right, but the shard was not stepped with it: the optimizer updates a "
-                "parameter with the gradient it holds when step() runs, and before that it held none")
-    if not torch.allclose(flat_param[mine], reference.detach()[mine]):
-        return "this rank's slice of flat_param was not updated: gather the stepped shards back into it"
-    if not torch.allclose(flat_param, reference.detach()):
-        return "the other ranks' slices of flat_param are stale: all-gather the updated shards into it"
-    zero1 = 2 * (world_size - 1) / world_size * flat_param.nbytes  # a reduce-scatter and an all-gather
-    if ring_bytes_sent(calls, world_size) > zero1 * 1.001:
-        return ("the numbers are right, but a whole tensor went to every rank where ZeRO moves slices: "
-                "with a reduce-scatter each rank receives only the summed slice it steps, and an "
-                "all-gather brings back each rank's stepped shard; all-reducing everything and keeping "
-                "a slice sends more bytes for nothing")
-    if not torch.equal(flat_grad, grads[rank]):
-        return ("the caller's flat_grad was changed in place: it is this rank's gradient, which the "
-                "step reads and must leave as it found it")
-    return None
+        src, dst = (Path(os.fsdecode(os.fspath(a))) for a in args[:2])
+        _EVENTS.append(("rename", os.stat(src).st_ino, Path(os.path.realpath(src)), dst))
+    except (OSError, TypeError, ValueError):
+        pass
 
 
-def _judge_zero1_step(answer: Any) -> str | None:
-    for world_size, size, seed in ZERO1_CASES:
-        hint = hint_from_ranks(zero1_step_rank, world_size, answer, size, seed, hang_hint=(
-            "the ranks hung: every rank must call the same collectives, in the same order"))
-        if hint is not None:
+def _watch_syncs(wrapper_code: Any) -> Any:
+    """A profile function noting every fsync that runs other than through ``os.fsync`` as the
+    check wraps it (a name imported before the check): a sync whose file the check cannot tell."""
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call" and _EVENTS is not None and frame.f_code is not wrapper_code \
+                and getattr(arg, "__name__", "") in ("fsync", "fdatasync"):
+            _EVENTS.append(("sync", None))
+    return profile
+
+
+def _step_in(path: Path) -> Any:
+    try:
+        return torch.load(path, weights_only=True).get("step")
+    except Exception:  # noqa: BLE001 - an unreadable file is what the judge looks for
+        return None
+
+
+def _judge_save_atomically(answer: Any) -> str | None:
+    global _AUDITING
+    if not _AUDITING:  # an audit hook cannot be removed: one, idle outside this check, per session
+        sys.addaudithook(_audit)
+        _AUDITING = True
+    for name in _TARGETS:
+        # the answer runs in a scratch working folder of its own, so that what it writes under a
+        # relative name is cleaned up too (and is not beside the target)
+        with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as scratch, \
+                contextlib.chdir(scratch):
+            target = Path(folder) / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            hint = _atomic_saves(answer, target)
+        if hint:
             return hint
     return None
 
 
-def clip_rank(rank: int, world_size: int, answer: Any) -> str | None:
-    """One rank of exercise 09.3's check: the total norm and the clipped shards, for every case of
-    :data:`CLIP_CASES` (one launch)."""
-    from ..devices import rank_device
+def _atomic_saves(answer: Any, target: Path) -> str | None:
+    global _EVENTS
+    answer({"step": 1}, str(target))
+    if _step_in(target) != 1:
+        return "after save_atomically(state, path), torch.load(path) should give the state back"
+    events: list[tuple] = []
+    real_fsync = os.fsync
 
-    device = rank_device()
-    for index, (where, max_norm) in enumerate(CLIP_CASES):
-        g = torch.Generator().manual_seed(10 * world_size + index)
-        full = [torch.randn(CLIP_ROWS, 4, generator=g).to(device) * (i + 1) for i in range(3)]
-        total = torch.sqrt(sum(t.square().sum() for t in full))
-        parts = [[p.clone() for p in t.tensor_split(world_size)] for t in full]  # uneven rows
-        shards = [p[rank].clone() for p in parts]
-        got = real(answer(shards, max_norm))
-        if got is None:
-            return f"return the total norm as one number (a float or a 0-d tensor): {NOT_A_NUMBER}"
-        if abs(got - total.item()) > 1e-4 * total.item():
-            norms = [torch.sqrt(sum(p[r].square().sum() for p in parts)).item() for r in range(world_size)]
-            local, local_max = norms[rank], max(norms)
-            if abs(got - local) < 1e-4 * local:
-                return "that is the norm of this rank's shards only: the other ranks hold the rest"
-            if abs(got - local_max) < 1e-4 * local_max:
-                return ("that is the largest shard's norm: the whole gradient's norm is larger than "
-                        "every shard's, as it holds all of them")
-            if abs(got * math.sqrt(world_size) - total.item()) < 1e-4 * total.item():
-                return ("that is the norm of the mean of the squares: the whole gradient's sum of "
-                        "squares counts every rank's shards once, it is not averaged over the ranks")
-            return ("norms do not add up across ranks: a norm is the square root of a sum of squares; "
-                    "which part of that can be added up across the ranks?")
-        scale = min(1.0, max_norm / (total.item() + 1e-6))
-        for s, p in zip(shards, parts, strict=True):
-            if torch.allclose(s, p[rank] * scale, rtol=1e-4, atol=1e-7):
-                continue
-            if where == "below":
-                return ("the gradient's norm was below max_norm, and the shards were scaled all the same: "
-                        "clipping only shrinks a gradient whose norm is above the limit")
-            return "the norm is right, but the shards were not scaled by max_norm / total on every rank"
+    def fsync(fd):
+        events.append(("sync", os.fstat(fd).st_ino))
+        return real_fsync(fd)
+
+    found: list = []  # what the target held at the moment the third save died
+    previous = sys.getprofile()
+    _EVENTS = events
+    sys.setprofile(_watch_syncs(fsync.__code__))
+    try:
+        with mock.patch.object(os, "fsync", fsync):
+            answer({"step": 2}, str(target))
+            if _step_in(target) != 2:
+                return "a second save should replace the first: torch.load(path) gave the old state back"
+            try:
+                answer({"step": 3, "payload": _DiesHalfWay(target, found)}, str(target))
+            except Exception:  # noqa: BLE001, S110 - the simulated death is expected
+                pass
+    finally:
+        sys.setprofile(previous)
+        _EVENTS = None
+    if _step_in(target) != 2 or found[:1] != [2]:
+        return ("a save that died half-way destroyed the last good snapshot: at the moment it was killed, "
+                "the file under that name was already cut short or gone. Write the new snapshot under "
+                "another name, then put it in place in one step")
+    renames = [e for e in events if e[0] == "rename"]
+    if not renames:
+        return ("the new snapshot must take the old one's place in one atomic step: a rename "
+                "(os.replace), not a copy")
+    if any(src.parent != Path(os.path.realpath(target.parent)) for _, _, src, _ in renames):
+        return ("the temporary file is in another folder, perhaps on another file system, where "
+                "a rename is no longer atomic (it becomes a copy): write it beside the target")
+    if not any(e[0] == "sync" for e in events):
+        return ("force the new file to disk (os.fsync) before the rename: after a crash the rename "
+                "could otherwise be on disk before the data")
+    first = events.index(renames[0])
+    if not any(e in (("sync", renames[0][1]), ("sync", None)) for e in events[:first]):
+        return ("the new snapshot reached the disk only after the rename (or another file did): after "
+                "a crash the name could point at a file whose data never arrived; force it first")
     return None
 
 
-def _judge_clip(answer: Any) -> str | None:
-    for world_size in CLIP_WORLDS:
-        hint = hint_from_ranks(clip_rank, world_size, answer,
-                               hang_hint="the ranks hung: every rank must take part in the same all-reduce")
-        if hint is not None:
+_BATCH, _SAMPLES, _STEPS = 4, 24, 15  # 6 batches per epoch, 15 steps in all
+
+
+def _job_data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(_SAMPLES, 8, generator=g), torch.randn(_SAMPLES, 2, generator=g)
+
+
+def _job() -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A small job with everything at stake: dropout (random numbers) and momentum (state)."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 2))
+    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def _train(model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, batch: int,
+           steps: int) -> tuple[int, int]:
+    """``steps`` steps from batch ``batch`` of ``epoch``, each epoch in its own shuffled order (the
+    sampler's seed + epoch rule); returns where the next step would start."""
+    inputs, targets = _job_data()
+    batches = _SAMPLES // _BATCH
+    for _ in range(steps):
+        order = torch.randperm(_SAMPLES, generator=torch.Generator().manual_seed(epoch))
+        rows = order[batch * _BATCH:(batch + 1) * _BATCH]
+        loss = nn.functional.mse_loss(model(inputs[rows]), targets[rows])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        epoch, batch = (epoch + 1, 0) if batch + 1 == batches else (epoch, batch + 1)
+    return epoch, batch
+
+
+def _judge_snapshot(answer: Any) -> str | None:
+    for resume_at in _RESUME_AFTER:
+        hint = _resumed(answer, resume_at)
+        if hint:
             return hint
     return None
 
 
-CASES["09.4"] = [f"Ψ = {psi:g} parameters, {nodes} node(s) of {gpus} GPUs" for psi, nodes, gpus in _CLUSTERS]
+def _resumed(answer: Any, resume_at: int) -> str | None:
+    with torch.random.fork_rng():  # the notebook's own random numbers stay as they were
+        torch.manual_seed(1234)
+        model, optimizer = _job()
+        epoch, batch = _train(model, optimizer, 0, 0, resume_at)
+        snapshot = answer(model, optimizer, epoch, batch)
+        if not isinstance(snapshot, dict):
+            return f"return a dict (what torch.save writes), not {type(snapshot).__name__}"
+        saved = io.BytesIO()
+        torch.save(snapshot, saved)  # now, as a job does: later steps must not change it
+        _train(model, optimizer, epoch, batch, _STEPS - resume_at)
+        uninterrupted = {k: v.clone() for k, v in model.state_dict().items()}
+
+        torch.manual_seed(999)  # a fresh process: its own initial weights and random numbers
+        model, optimizer = _job()
+        saved.seek(0)
+        try:
+            loaded = torch.load(saved, weights_only=True)
+        except Exception:  # noqa: BLE001 - what weights_only refuses is the point
+            return ("torch.load(..., weights_only=True), as load_snapshot reads a snapshot, refuses "
+                    "whole objects: store state dicts and plain values")
+        if not isinstance(loaded.get("model"), dict):
+            return "the snapshot needs the model's weights, as its state dict, under 'model'"
+        model.load_state_dict(loaded["model"])
+        if "optimizer" in loaded:
+            optimizer.load_state_dict(loaded["optimizer"])
+        rng = loaded.get("rng")
+        if whole(rng) is not None:  # a number, however written (answers.py): a seed
+            return ("'rng' holds a seed: that says where the random numbers started, not where they "
+                    "stand after the steps already taken")
+        if rng is not None:
+            torch.set_rng_state(rng)
+        if "epoch" not in loaded or "step_in_epoch" not in loaded:
+            return "the snapshot needs the position: without it the resumed run starts epoch 0 again"
+        position = (whole(loaded["epoch"]), whole(loaded["step_in_epoch"]))  # 0 is a position too
+        if position != (epoch, batch):
+            return ("the position in the snapshot is not where the job stood when it saved (the check "
+                    "saves at several points): store the position the job is at, as it is given")
+        _train(model, optimizer, *position, _STEPS - resume_at)
+        resumed = model.state_dict()
+    if all(torch.equal(resumed[k], v) for k, v in uninterrupted.items()):
+        return None
+    if "optimizer" not in loaded:
+        return ("the resumed run differs from its first step: besides the weights, what decides how "
+                "big a step of SGD with momentum is?")
+    if rng is None:
+        return ("the resumed run drifts where randomness enters (dropout): the snapshot must hold "
+                "where the random numbers stand")
+    return ("the resumed run still ends elsewhere than the uninterrupted one: compare what your "
+            "snapshot holds with the table at the top of the notebook")
+
+
+def _judge_restart(answer: Any) -> str | None:
+    shape = ("write two pairs of whole numbers, one per run: ((step of the snapshot it resumes from, "
+             "steps computed twice) killed after step 11, (the same) killed after step 9)")
+    if not (isinstance(answer, (tuple, list)) and len(answer) == len(_KILLS)):
+        return shape
+    runs = []
+    for run in answer:
+        values = [whole(v) for v in run] if isinstance(run, (tuple, list)) else []
+        if len(values) != 2 or None in values:
+            return shape
+        runs.append(values)
+    for (resumed, repeated), killed_after in zip(runs, _KILLS, strict=True):
+        hint = _restart_hint(resumed, repeated, _EVERY, killed_after)
+        if hint:
+            return hint if killed_after == _KILLS[0] else f"killed after step {killed_after}: {hint}"
+    return None
+
+
+def _restart_hint(resumed: int, repeated: int, every: int, killed_after: int) -> str | None:
+    last = killed_after // every * every
+    if resumed != last:
+        if resumed == killed_after:
+            return (f"the job resumes from its last snapshot, and snapshots are written every {every} "
+                    f"steps: step {killed_after} is not one of them")
+        if resumed == 0:
+            return "the job saved snapshots before the kill: a restart resumes, it does not start over"
+        if resumed % every == 0 and resumed < last:
+            return "that snapshot was overwritten by a later one, still written before the kill"
+        return "the job resumes from its last snapshot: which steps did it write one after?"
+    if repeated != killed_after - last:
+        if repeated == 0:
+            return ("the steps done after the last snapshot died with the process: the restarted job "
+                    "computes them again")
+        return ("the repeated steps are those finished after the last snapshot, up to the kill: "
+                "count them, none when the snapshot came last")
+    return None
 
 
 EXERCISES = load_bank(__name__)

@@ -1,196 +1,218 @@
-"""Judges of the exercises of notebook 10 (choosing a strategy); their content is in nb10.toml."""
+"""Judges of the exercises of notebook 10 (sharded data parallelism); their content is in nb10.toml."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from .answers import NOT_A_NUMBER, real
+import torch
+
+from ..compat import COLLECTIVE_NAMES
+from .answers import NOT_A_NUMBER, real, reals
 from .core import load_bank
+from .nb10_between import CLUSTERS as _CLUSTERS
+from .nb10_between import hsdp_between as _hsdp_between  # noqa: F401 - the reference, for the tests
+from .nb10_between import judge_between_nodes as _judge_between_nodes  # noqa: F401 - 09.4's judge
+from .on_ranks import hint_from_ranks
 
 __all__ = ["CASES", "EXERCISES"]
 
-
-#: 10.1's numbers of ranks: 2 is the harness's, where keeping 1/n and keeping (n-1)/n of the
-#: moments agree; the others part them, and the rules of the other strategies
-ZERO1_RANKS = (1, 2, 3, 4, 8, 64)
+_PSI, _N = 1_000_000_000, 8
 
 
-def _zero1(n: int) -> float:
-    """Per parameter a DDP process keeps four fp32 tensors (the parameter, its gradient, AdamW's
-    two moments); a ZeRO-1 process keeps the first two whole and 1/n of the moments, on average."""
-    return (1 + 1 + 2 / n) / 4
+#: bytes per parameter of (parameters, gradients, optimizer state) under mixed-precision Adam
+_SIZES = (2, 2, 12)
+#: stages -> which of the three ZeRO shards; "swapped" shards the parameters and keeps the gradients,
+#: which gives stage 2's total whenever parameters and gradients take as many bytes: only the three
+#: numbers tell them apart
+_STAGES = {(False, False, False): "ddp", (False, False, True): "zero1", (False, True, True): "zero2",
+           (True, True, True): "zero3", (True, False, True): "swapped"}
+_STAGE_HINTS = {
+    "ddp": "that is DDP's figure: stage 2 shards the gradients and the optimizer state",
+    "zero1": "that is ZeRO-1: stage 2 also shards the gradients",
+    "zero3": "that is ZeRO-3: in stage 2 every rank still holds all the fp16 parameters",
+    "swapped": ("that shards the parameters and keeps every gradient: stage 2 shards what backward and the "
+                "optimizer produce, and every rank still holds all the fp16 parameters forward needs"),
+}
 
 
-#: wrong rules learners write -> the hint each one gets, the first that matches at every n
-_ZERO1_WRONG = [
-    (lambda n: 1 / n, "that is what an FSDP process keeps, which splits everything; ZeRO-1 splits "
-                      "only AdamW's state"),
-    (lambda n: (1 + 3 / n) / 4,
-     "that splits the gradients too (ZeRO-2): ZeRO-1 splits only AdamW's state"),
-    (lambda n: 1.0,
-     "a ZeRO-1 process holds less than a DDP process: AdamW's state is split between the ranks"),
-    (lambda n: (1 + 1 + 2 * (n - 1) / n) / 4,
-     "right for two ranks only: with more ranks, each one keeps the moments of a smaller share of the "
-     "parameters, not a larger one"),
-    (lambda n: (1 + 1 + 1 + 1 / n) / 4,
-     "AdamW's state is both moments: each rank keeps its share of each of them"),
-    (lambda n: n * _zero1(n), "that adds up the n processes: the question asks for one process, on average"),
-    (lambda n: (1 + 1 + 2 / (2 * n)) / 4, "what ZeRO-1 splits is split n ways, one share per rank"),
-]
+def _judge_zero2_bytes(answer: Any) -> str | None:
+    if real(answer) is not None:
+        return ("write three numbers, (parameters, gradients, optimizer state) in bytes: one total cannot "
+                "show which of them stage 2 shards (sharding the parameters instead of the gradients "
+                "gives the same total when both take 2 bytes)")
+    parts = reals(answer, 3)
+    if parts is None:
+        return ("write three numbers in a tuple or list, (parameters, gradients, optimizer state) in bytes, "
+                f"not {type(answer).__name__}")
 
+    def near(value: float, target: float) -> bool:
+        return abs(value - target) <= 0.005 * target
 
-def _judge_zero1_fraction(answer: Any) -> str | None:
-    if not callable(answer):
-        return (f"write a function of n (a lambda, as shipped), not {type(answer).__name__}: the check "
-                "tries several numbers of ranks")
-    got = []
-    for n in ZERO1_RANKS:
-        value = answer(n)
-        if value is Ellipsis:
-            raise NotImplementedError  # the answer cell as shipped
-        number = real(value)
-        if number is None:
-            return f"your function must return one number for each n: {NOT_A_NUMBER}"
-        got.append(number)
+    def read(values: list[float]) -> tuple | None:
+        """For each part: sharded (True), whole (False), or None when it is neither."""
+        return tuple(True if near(value, size * _PSI / _N) else False if near(value, size * _PSI) else None
+                     for value, size in zip(values, _SIZES, strict=True))
 
-    def matches(rule: Any) -> bool:
-        return all(math.isclose(v, rule(n), rel_tol=1e-3, abs_tol=1e-9)
-                   for v, n in zip(got, ZERO1_RANKS, strict=True))
-
-    if matches(_zero1):
+    kinds = read(parts)
+    stage = _STAGES.get(kinds)
+    if stage == "zero2":
         return None
-    for rule, hint in _ZERO1_WRONG:
-        if matches(rule):
-            return hint
-    if len(set(got)) == 1:
-        return "your function gives the same fraction for every n: what ZeRO-1 splits depends on the ranks"
-    if any(v > 1 or v < 0 for v in got):
-        return "a fraction of a DDP process's state: a number between 0 and 1, for every n"
-    return ("count the tensors a DDP process keeps for every parameter, then which of them ZeRO-1 "
-            "splits between its n ranks")
+    if stage in _STAGE_HINTS:
+        return _STAGE_HINTS[stage]
+    if _STAGES.get(read([v * 10**9 for v in parts])) == "zero2":
+        return "that is in GB (10^9 bytes): the question asks for bytes"
+    p, g, k = parts
+    if p == 0:
+        return "the parameters are missing: in stage 2 every rank still holds all the fp16 parameters"
+    if kinds == (False, True, False):
+        return "stage 2 shards the optimizer state too, as every stage from 1 on does"
+    if kinds[:2] == (False, True) and any(near(k, b * _PSI / _N) for b in (8, 10, 14, 16)):
+        return ("count K = 12 bytes of Adam state per parameter in mixed precision: an fp32 master "
+                "copy and two fp32 moments")
+    if near(p, 4 * _PSI) or near(g, 4 * _PSI / _N):
+        return "the parameters and gradients are fp16 here: 2 bytes each"
+    return ("list the kinds of model state mixed-precision Adam keeps per parameter, and for each ask "
+            "whether stage 2 keeps it whole on every rank or splits it over the N ranks")
 
 
-_SYNONYMS = {"shrink": "shrink", "shrinks": "shrink", "smaller": "shrink", "decrease": "shrink",
-             "decreases": "shrink", "grow": "grow", "grows": "grow", "larger": "grow", "increase": "grow",
-             "increases": "grow", "same": "same", "unchanged": "same"}
+#: 09.2's cases: the world sizes it launches, the shard length on each rank (odd: no written-in
+#: halves), the seed of the parameters and gradients
+ZERO1_CASES = [(2, 5, 0), (3, 4, 1), (4, 3, 2)]
+#: 09.3's cases: the world sizes, each with two gradients (rows that do not divide evenly): one
+#: whose norm is above max_norm, one below it (a clip that always rescales fails there)
+CLIP_WORLDS, CLIP_ROWS = (2, 3), 7
+CLIP_CASES = [("above", 1.0), ("below", 1000.0)]
 
-
-def _judge_small(answer: Any) -> str | None:
-    word = _SYNONYMS.get(answer.strip().lower()) if isinstance(answer, str) else None
-    if word is None:
-        return f'answer "grow", "shrink" or "same", not {answer!r}'
-    if word == "shrink":
-        return None
-    if word == "grow":
-        return ("a narrower model and fewer rows mean much less compute per step, while each step "
-                "still pays fixed costs (a barrier, starting the all-reduce): which way does that push "
-                "the ratio?")
-    return "the compute per step falls far more than the communication: the ratio moves"
-
-
-# bytes per GPU of the model state under AdamW with torch.autocast or FSDP2's mixed precision, the
-# accounting of notebook 10's ledger (sharding.BYTES_PER_PARAMETER["autocast"]): parameters,
-# gradients and both moments stay fp32, 4 + 4 + 8 bytes per parameter
-_STATE = {
-    "ddp": lambda psi, n: 16 * psi,
-    "zero2": lambda psi, n: 4 * psi + (4 + 8) * psi / n,
-    "fsdp": lambda psi, n: 16 * psi / n,
-}
-# DeepSpeed's and Apex O2's accounting (16-bit parameters and gradients, an fp32 master copy
-# beside the moments: 2 + 2 + 12): a wrong answer here, since the course's recipe keeps fp32
-_MASTER_WEIGHTS = {
-    "ddp": lambda psi, n: 16 * psi,
-    "zero2": lambda psi, n: 2 * psi + (2 + 12) * psi / n,
-    "fsdp": lambda psi, n: 16 * psi / n,
+CASES: dict[str, list[str]] = {
+    "10.1": ["Ψ = 10^9 parameters, N = 8 ranks: parameters, gradients, optimizer state"],
+    "10.2": [f"world_size={n}, a shard of {size} values, seed {seed}" for n, size, seed in ZERO1_CASES],
+    "10.3": [f"world_size={n}, 3 gradients of {CLIP_ROWS} rows split unevenly, norm {where} max_norm={m:g}"
+             for n in CLIP_WORLDS for where, m in CLIP_CASES],
 }
 
 
-# two rules that part from the right one only where the model state sits just under the limit
-_PARAMETERS_TWICE = {  # ZeRO-2 counting the whole parameters and a share of them again
-    "ddp": lambda psi, n: 16 * psi,
-    "zero2": lambda psi, n: 4 * psi + 16 * psi / n,
-    "fsdp": lambda psi, n: 16 * psi / n,
-}
-_DDP_20 = {  # DDP at 20 bytes per parameter: a master copy beside parameters that are already fp32
-    "ddp": lambda psi, n: 20 * psi,
-    "zero2": lambda psi, n: 4 * psi + (4 + 8) * psi / n,
-    "fsdp": lambda psi, n: 16 * psi / n,
-}
+def zero1_step_rank(rank: int, world_size: int, answer: Any, size: int, seed: int) -> str | None:
+    """One rank of exercise 10.2's check: ``answer`` against AdamW on the averaged gradient, with
+    the bytes it sent counted in the ring model where every route to a collective ends, torch's
+    dispatcher (``collectives_dispatched``: the functional collectives too)."""
+    import torch.distributed as dist
 
+    from ..devices import rank_device
+    from .dispatched import collectives_dispatched, ring_bytes_sent
 
-def _choose(parameters: float, gpu_bytes: float, gpus: int, activation_bytes: float,
-            state_bytes: dict = _STATE) -> str:
-    return next((s for s, state in state_bytes.items()
-                 if state(parameters, gpus) + activation_bytes <= gpu_bytes), "none")
+    device = rank_device()
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randn(size * world_size, generator=g).to(device)
+    grads = [torch.randn(size * world_size, generator=g).to(device) for _ in range(world_size)]
+    reference = torch.nn.Parameter(start.clone())
+    reference.grad = sum(grads) / world_size
+    torch.optim.AdamW([reference], lr=0.1).step()
 
-
-_CASES = [  # (parameters, gpu bytes, gpus, activation bytes)
-    (1e9, 80e9, 8, 10e9),  # ddp
-    (7e9, 80e9, 8, 10e9),  # zero2
-    (30e9, 80e9, 8, 10e9),  # fsdp
-    (70e9, 80e9, 8, 10e9),  # none
-    (4e9, 80e9, 8, 30e9),  # zero2: the model state alone would fit DDP, not with the activations
-    (10e9, 80e9, 8, 10e9),  # zero2: fits ZeRO-2 (65 GB), not ZeRO-1 (100 GB)
-    (15e9, 80e9, 8, 10e9),  # fsdp: ZeRO-2 needs 92.5 GB here (66.25 GB with a 2-byte master-copy count)
-    (3e9, 40e9, 8, 5e9),  # zero2 on a 40 GB GPU
-    (10e9, 80e9, 2, 10e9),  # none on 2 GPUs
-    (40e9, 80e9, 64, 10e9),  # fsdp on 64 GPUs
-    (38e9, 80e9, 8, 10e9),  # none: FSDP's 76 GB of state fits only without the activations
-    (12e9, 80e9, 8, 10e9),  # zero2 at 76 GB; counting the parameters twice (82 GB) says fsdp
-    (4e9, 80e9, 8, 10e9),  # ddp at 74 GB; 20 bytes per parameter (90 GB) says zero2
-]
-
-
-def _call(args: tuple) -> str:
-    """choose_strategy(10e9, 80e9, 2, 10e9), as a learner would write it."""
-    return "choose_strategy(" + ", ".join(f"{a / 1e9:g}e9" if a >= 1e9 else str(a) for a in args) + ")"
-
-
-def _judge_choose(answer: Any) -> str | None:
-    for args in _CASES:
-        right = _choose(*args)
-        got = answer(*args)
-        if got == right:
-            continue
-        psi, gpu, n, act = args
-        call = _call(args)
-        if got == _choose(psi, gpu, n, 0.0):
-            return (f"{call} gave {got!r}: the model state fits there, but the activations need room too: "
-                    "add them to every strategy's bytes")
-        if got == _choose(*args, state_bytes=_MASTER_WEIGHTS):
-            return (f"{call} gave {got!r}: that counts 2-byte parameters and gradients beside an fp32 "
-                    "master copy, DeepSpeed's and Apex O2's accounting; with torch.autocast or FSDP2's "
-                    "mixed precision the parameters and their gradients stay fp32")
-        if got == _choose(*args, state_bytes=_PARAMETERS_TWICE):
-            return (f"{call} gave {got!r}: your ZeRO-2 figure counts the parameters twice, whole on every "
-                    "GPU and again in each GPU's share: ZeRO-2 keeps them whole and splits only the "
-                    "gradients and AdamW's state")
-        if got == _choose(*args, state_bytes=_DDP_20):
-            return (f"{call} gave {got!r}: your DDP figure is more than 16 bytes per parameter: with "
-                    "torch.autocast the fp32 parameters are the only copy, there is no master copy beside "
-                    "them")
-        if right == "zero2" and got in ("fsdp", "none") and 8 * psi + 8 * psi / n + act > gpu:
-            return ("your ZeRO-2 figure is ZeRO-1's: stage 2 shards more than the optimizer's state, "
-                    "so it fits here")
-        if got == _choose(psi, 80e9, n, act) and gpu != 80e9:
-            return f"{call} gave {got!r}, as if every GPU had 80 GB: use gpu_bytes"
-        if got == _choose(psi, gpu, 8, act) and n != 8:
-            return f"{call} gave {got!r}, as if there were 8 GPUs: use gpus"
-        if right == "fsdp" and got == "none":
-            return (f"{call} gave 'none', but FSDP fits there: recount what each GPU "
-                    "keeps once everything is sharded")
-        if got == "fsdp" and right in ("ddp", "zero2"):
-            return "prefer the strategy that sends the least when it fits: DDP first, FSDP last"
-        return (f"{call} gave {got!r}: work out each strategy's bytes per GPU in turn, "
-                "from DDP to FSDP, activations included, and keep the first that fits")
+    flat_param = start.clone()
+    mine = slice(size * rank, size * (rank + 1))
+    shard = torch.nn.Parameter(flat_param[mine].clone())
+    optimizer = torch.optim.AdamW([shard], lr=0.1)
+    flat_grad = grads[rank].clone()
+    try:
+        with collectives_dispatched() as calls:  # what ran, whatever name or route the answer took
+            answer(flat_param, flat_grad, shard, optimizer)
+    except AttributeError as err:  # a collective's name from another torch release
+        names = [n for pair in COLLECTIVE_NAMES.items() for n in pair if f"'{n}'" in str(err)]
+        if not names:
+            raise
+        return (f"torch {torch.__version__} has no dist.{names[0]}: the flat-tensor collectives "
+                "changed names in torch 2.13 (see 'What gloo offers'); compat.reduce_scatter_single "
+                "and compat.all_gather_single work on every release")
+    dist.barrier()
+    if shard.grad is None:
+        return "shard.grad is still None: reduce-scatter the gradient into a tensor and set shard.grad"
+    if torch.allclose(shard.grad, sum(grads)[mine]):
+        return "shard.grad is the sum over the ranks: DDP averages, so divide by the world size"
+    if not torch.allclose(shard.grad, reference.grad[mine]):
+        summed = sum(grads)[mine]
+        ratio = (summed @ shard.grad / (shard.grad @ shard.grad).clamp_min(1e-30)).item()
+        if torch.allclose(shard.grad * ratio, summed, rtol=1e-4, atol=1e-6):  # a fixed divisor
+            return ("shard.grad is the sum divided by a fixed number, not by the world size: this check "
+                    "runs on several world sizes")
+        return "shard.grad is not this rank's slice of the averaged gradient: reduce-scatter flat_grad"
+    if not torch.allclose(shard.detach(), reference.detach()[mine]):
+        return ("shard.grad is right, but the shard was not stepped with it: the optimizer updates a "
+                "parameter with the gradient it holds when step() runs, and before that it held none")
+    if not torch.allclose(flat_param[mine], reference.detach()[mine]):
+        return "this rank's slice of flat_param was not updated: gather the stepped shards back into it"
+    if not torch.allclose(flat_param, reference.detach()):
+        return "the other ranks' slices of flat_param are stale: all-gather the updated shards into it"
+    zero1 = 2 * (world_size - 1) / world_size * flat_param.nbytes  # a reduce-scatter and an all-gather
+    if ring_bytes_sent(calls, world_size) > zero1 * 1.001:
+        return ("the numbers are right, but a whole tensor went to every rank where ZeRO moves slices: "
+                "with a reduce-scatter each rank receives only the summed slice it steps, and an "
+                "all-gather brings back each rank's stepped shard; all-reducing everything and keeping "
+                "a slice sends more bytes for nothing")
+    if not torch.equal(flat_grad, grads[rank]):
+        return ("the caller's flat_grad was changed in place: it is this rank's gradient, which the "
+                "step reads and must leave as it found it")
     return None
 
 
-CASES: dict[str, list[str]] = {
-    "10.1": [f"ZeRO-1 against DDP on {n} rank(s), AdamW in fp32" for n in ZERO1_RANKS],
-    "10.2": ["DDP on 2 ranks, a narrower model and fewer rows per step"],
-    "10.3": [f"{_call(args)}: parameters, GPU bytes, GPUs, activation bytes" for args in _CASES],
-}
+def _judge_zero1_step(answer: Any) -> str | None:
+    for world_size, size, seed in ZERO1_CASES:
+        hint = hint_from_ranks(zero1_step_rank, world_size, answer, size, seed, hang_hint=(
+            "the ranks hung: every rank must call the same collectives, in the same order"))
+        if hint is not None:
+            return hint
+    return None
+
+
+def clip_rank(rank: int, world_size: int, answer: Any) -> str | None:
+    """One rank of exercise 10.3's check: the total norm and the clipped shards, for every case of
+    :data:`CLIP_CASES` (one launch)."""
+    from ..devices import rank_device
+
+    device = rank_device()
+    for index, (where, max_norm) in enumerate(CLIP_CASES):
+        g = torch.Generator().manual_seed(10 * world_size + index)
+        full = [torch.randn(CLIP_ROWS, 4, generator=g).to(device) * (i + 1) for i in range(3)]
+        total = torch.sqrt(sum(t.square().sum() for t in full))
+        parts = [[p.clone() for p in t.tensor_split(world_size)] for t in full]  # uneven rows
+        shards = [p[rank].clone() for p in parts]
+        got = real(answer(shards, max_norm))
+        if got is None:
+            return f"return the total norm as one number (a float or a 0-d tensor): {NOT_A_NUMBER}"
+        if abs(got - total.item()) > 1e-4 * total.item():
+            norms = [torch.sqrt(sum(p[r].square().sum() for p in parts)).item() for r in range(world_size)]
+            local, local_max = norms[rank], max(norms)
+            if abs(got - local) < 1e-4 * local:
+                return "that is the norm of this rank's shards only: the other ranks hold the rest"
+            if abs(got - local_max) < 1e-4 * local_max:
+                return ("that is the largest shard's norm: the whole gradient's norm is larger than "
+                        "every shard's, as it holds all of them")
+            if abs(got * math.sqrt(world_size) - total.item()) < 1e-4 * total.item():
+                return ("that is the norm of the mean of the squares: the whole gradient's sum of "
+                        "squares counts every rank's shards once, it is not averaged over the ranks")
+            return ("norms do not add up across ranks: a norm is the square root of a sum of squares; "
+                    "which part of that can be added up across the ranks?")
+        scale = min(1.0, max_norm / (total.item() + 1e-6))
+        for s, p in zip(shards, parts, strict=True):
+            if torch.allclose(s, p[rank] * scale, rtol=1e-4, atol=1e-7):
+                continue
+            if where == "below":
+                return ("the gradient's norm was below max_norm, and the shards were scaled all the same: "
+                        "clipping only shrinks a gradient whose norm is above the limit")
+            return "the norm is right, but the shards were not scaled by max_norm / total on every rank"
+    return None
+
+
+def _judge_clip(answer: Any) -> str | None:
+    for world_size in CLIP_WORLDS:
+        hint = hint_from_ranks(clip_rank, world_size, answer,
+                               hang_hint="the ranks hung: every rank must take part in the same all-reduce")
+        if hint is not None:
+            return hint
+    return None
+
+
+CASES["10.4"] = [f"Ψ = {psi:g} parameters, {nodes} node(s) of {gpus} GPUs" for psi, nodes, gpus in _CLUSTERS]
+
 
 EXERCISES = load_bank(__name__)

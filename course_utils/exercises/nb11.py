@@ -1,287 +1,196 @@
-"""Exercises of notebook 11: the judges of the fix of every failure in the zoo (the content is in
-nb11.toml). Ranks run through ``on_ranks``, which tells a hang from a slow machine by evidence
-(no rank uses the CPU), so a wrong answer that hangs comes back as a hint and a right one on a
-busy machine is not cut off."""
+"""Judges of the exercises of notebook 11 (choosing a strategy); their content is in nb11.toml."""
 
 from __future__ import annotations
 
-import dataclasses
-import re
+import math
 from typing import Any
 
-import torch
+from .answers import NOT_A_NUMBER, real
+from .core import load_bank
 
-from ..debugging.hangs import HANG_FRESH_S  # noqa: F401 - the notebook's allowance (tests/test_debugging.py)
-from .answer_cells import _unattempted
-from .answers import real
-from .core import Exercise, Verdict, find, load_bank, verdict
-from .nb11_local import (  # the judges that run no ranks
-    NO_GRAD_MODELS,
-    SHARD_CASES,
-    STORE_CALLS,
-    _judge_first_mismatch,
-    _judge_no_grad,
-    _judge_ratio,
-    _judge_shards,
-    _judge_start_methods,
-    _judge_still_differ,
-    _judge_store,
-)
-from .nb11_ranks import (
-    accumulation_rank,
-    drawn_accuracy,
-    evaluation_rank,
-    join_rank,
-    order_rank,
-    saving_rank,
-    seeded_weights,
-)
-from .on_ranks import Plan, run_plan, run_plans
-
-__all__ = ["CASES", "EXERCISES", "HANG_HINT", "PLANS", "_judge_first_mismatch", "_judge_no_grad",
-           "_judge_ratio", "_judge_shards", "_judge_start_methods", "_judge_still_differ", "_judge_store",
-           "verdicts"]
-
-#: The configurations each judge tries (CASES describes them, from the same lists).
-#: 11.1: world sizes, each with the classifier's right rows (None: the notebook's; else drawn)
-EVALUATION_CASES = [(2, None), (3, 1)]
-#: 11.3: world sizes
-ORDER_WORLDS = (2, 3)
-#: 11.4: batches per rank: the notebook's, then 3 ranks (the check hands the answer a my_batches
-#: for them)
-JOIN_CASES = [[3, 2], [4, 3, 5]]
-#: 11.5: (world size, k micro-batches, rows per micro-batch, optimizer steps)
-ACCUMULATION_CASES = [(2, 4, 3, 2), (3, 3, 2, 2)]
-#: 11.8: how long rank 0 takes to write (a sleep shorter than one is too early there)
-SAVE_DELAYS_S = [0.3, 2.0]
+__all__ = ["CASES", "EXERCISES"]
 
 
+#: 10.1's numbers of ranks: 2 is the harness's, where keeping 1/n and keeping (n-1)/n of the
+#: moments agree; the others part them, and the rules of the other strategies
+ZERO1_RANKS = (1, 2, 3, 4, 8, 64)
 
 
-#: what a hang means in notebook 11's checks
-HANG_HINT = ("the ranks hung: one rank waited in a collective that another rank never called, or called "
-             "in a different order")
+def _zero1(n: int) -> float:
+    """Per parameter a DDP process keeps four fp32 tensors (the parameter, its gradient, AdamW's
+    two moments); a ZeRO-1 process keeps the first two whole and 1/n of the moments, on average."""
+    return (1 + 1 + 2 / n) / 4
 
 
-def _max_diff(a: dict, b: dict) -> float:
-    return max((a[k] - b[k]).abs().max().item() for k in b)
+#: wrong rules learners write -> the hint each one gets, the first that matches at every n
+_ZERO1_WRONG = [
+    (lambda n: 1 / n, "that is what an FSDP process keeps, which splits everything; ZeRO-1 splits "
+                      "only AdamW's state"),
+    (lambda n: (1 + 3 / n) / 4,
+     "that splits the gradients too (ZeRO-2): ZeRO-1 splits only AdamW's state"),
+    (lambda n: 1.0,
+     "a ZeRO-1 process holds less than a DDP process: AdamW's state is split between the ranks"),
+    (lambda n: (1 + 1 + 2 * (n - 1) / n) / 4,
+     "right for two ranks only: with more ranks, each one keeps the moments of a smaller share of the "
+     "parameters, not a larger one"),
+    (lambda n: (1 + 1 + 1 + 1 / n) / 4,
+     "AdamW's state is both moments: each rank keeps its share of each of them"),
+    (lambda n: n * _zero1(n), "that adds up the n processes: the question asks for one process, on average"),
+    (lambda n: (1 + 1 + 2 / (2 * n)) / 4, "what ZeRO-1 splits is split n ways, one share per rank"),
+]
 
 
-# ----------------------------------------------------------------------------- 11.1 evaluation
+def _judge_zero1_fraction(answer: Any) -> str | None:
+    if not callable(answer):
+        return (f"write a function of n (a lambda, as shipped), not {type(answer).__name__}: the check "
+                "tries several numbers of ranks")
+    got = []
+    for n in ZERO1_RANKS:
+        value = answer(n)
+        if value is Ellipsis:
+            raise NotImplementedError  # the answer cell as shipped
+        number = real(value)
+        if number is None:
+            return f"your function must return one number for each n: {NOT_A_NUMBER}"
+        got.append(number)
 
-def _evaluation_plan(evaluate_and_report: Any) -> Plan:
-    for world_size, seed in EVALUATION_CASES:
-        results, hint = yield (evaluation_rank, world_size, evaluate_and_report, seed)
-        if hint:
-            return hint + ". Evaluation that all-reduces is a collective: every rank must run it"
-        if any(not r["kinds"] for r in results):
-            return ("a rank ran no collective: every rank takes part in the evaluation (each counts "
-                    "its own shard, and the counts are all-reduced); only the reporting is rank 0's")
-        idle = next((rank for rank, r in enumerate(results) if not r["rows"]), None)
-        missed = sorted(set(range(10)) - {i for r in results for i in r["rows"]})
-        if idle is not None or missed:
-            who = f"rank {idle} evaluated no rows" if idle is not None else f"no rank evaluated rows {missed}"
-            return (f"with {world_size} ranks {who}: each rank must evaluate its own shard, so that "
-                    "together they cover every row, and the counts are then all-reduced")
-        value = real(results[0]["value"])
-        if results[0]["value"] is None:
-            return "rank 0 should return the accuracy over the whole set (it returned None)"
-        if value is None or abs(value - drawn_accuracy(seed)) > 1e-6:
-            return (f"with {world_size} ranks, rank 0 returned {results[0]['value']!r}, not the accuracy "
-                    "over the whole set: each rank must evaluate its own shard, so that together they "
-                    "cover every row")
-        if any(r["value"] is not None for r in results[1:]):
-            return ("only rank 0 reports the number: the other ranks take part in the evaluation and "
-                    "return None")
-    return None
+    def matches(rule: Any) -> bool:
+        return all(math.isclose(v, rule(n), rel_tol=1e-3, abs_tol=1e-9)
+                   for v, n in zip(got, ZERO1_RANKS, strict=True))
 
-
-# ----------------------------------------------------------------------------- 11.3 order
-
-def _order_plan(sync_step: Any) -> Plan:
-    for world_size in ORDER_WORLDS:
-        results, hint = yield (order_rank, world_size, sync_step)
-        if hint:
-            return hint + ". Make every rank call the same collectives in the same order"
-        for r in results:
-            if not r["kinds"]:
-                return ("a rank ran no collective: the sum over the ranks and rank 0's flag can only "
-                        "come from the other ranks through collectives")
-            if r["grads"] != [float(world_size)] * 4:
-                return (f"with {world_size} ranks the gradients should be summed over the ranks "
-                        f"(all_reduce); a rank got {r['grads']}")
-            if r["flag"] != 0.0:
-                return f"the flag should be rank 0's (broadcast from rank 0); a rank got {r['flag']}"
-            if r["summed"] < 4 * 4:  # the four float32 gradients went through a reduction
-                return ("the gradients come out as the sum, but no rank handed them to a collective "
-                        "that sums: they must come from the other ranks (all_reduce), not be worked out")
-            if not set(r["kinds"]) & {"broadcast", "all_gather", "scatter"}:
-                return ("the flag is right only because rank 0's value happens to be the smallest: "
-                        "a reduction is not a copy; take rank 0's flag as it is (broadcast)")
-    return None
-
-
-# ----------------------------------------------------------------------------- 11.4 Join
-
-def _join_plan(train_my_shard: Any) -> Plan:
-    from course_utils.debugging.training_bugs import small_model, uneven_reference
-
-    size = sum(p.numel() for p in small_model().parameters())
-    for counts in JOIN_CASES:
-        results, hint = yield (join_rank, len(counts), train_my_shard, counts)
-        if hint:
-            return (hint + ". Rank 0 has a third batch; its all-reduce waits for a rank that has "
-                    "finished: let the finished rank join (or agree on an equal number of batches)")
-        weights = [r["weights"] for r in results]
-        if any(_max_diff(weights[0], w) > 0 for w in weights[1:]):
-            return "the ranks ended with different weights: all of them must train under DDP"
-        if any(r["reduced"] is not None and r["reduced"] < size for r in results):
-            return ("a rank ran no all-reduce of the gradients: the ranks must train together under DDP, "
-                    "each on its own batches, not on the others' batches computed alone")
-        if not any(_max_diff(weights[0], uneven_reference(counts, mode)) < 1e-6
-                   for mode in ("join", "equal")):
-            return ("the ranks finished, but not with the weights that training on their batches gives: "
-                    "keep every batch (Join) or drop only the batches that not every rank has")
-    return None
-
-
-# ----------------------------------------------------------------------------- 11.5 accumulation
-
-def _accumulation_plan(accumulation_step: Any) -> Plan:
-    from course_utils.debugging.training_bugs import accumulation_reference
-
-    for world_size, k, micro, steps in ACCUMULATION_CASES:
-        results, hint = yield (accumulation_rank, world_size, accumulation_step, k, micro, steps)
-        if hint:
+    if matches(_zero1):
+        return None
+    for rule, hint in _ZERO1_WRONG:
+        if matches(rule):
             return hint
-        if any(r["cleared_between"] for r in results):
-            return ("optimizer.zero_grad() ran between two micro-batches of one step: it throws away what "
-                    "the micro-batches before it accumulated; clear the gradients once per optimizer step")
-        weights = [r["weights"] for r in results]
-        if any(_max_diff(weights[0], w) > 1e-7 for w in weights[1:]):
-            return ("the ranks ended with different weights: their gradients were not all-reduced "
-                    "after the last micro-batch (only the backward that syncs is averaged)")
-        if _max_diff(weights[0], accumulation_reference(world_size, k, micro, steps)) > 1e-5:
-            return (f"with k = {k} micro-batches the ranks agree, but did not move as one big batch "
-                    "would: each micro-batch's loss is a mean over its rows, so the k accumulated "
-                    "gradients add up to k times the mean")
-        if results[0]["rounds"] >= k * steps:
-            return ("the weights are right, but every micro-batch's backward all-reduced the gradients: "
-                    "accumulating is there to save those all-reduces, so only the last backward of a "
-                    "step should synchronise")
-        if results[0]["rounds"] > steps:
-            return ("the weights are right, but more than one backward per optimizer step all-reduced "
-                    "the gradients: only the last one needs to")
+    if len(set(got)) == 1:
+        return "your function gives the same fraction for every n: what ZeRO-1 splits depends on the ranks"
+    if any(v > 1 or v < 0 for v in got):
+        return "a fraction of a DDP process's state: a number between 0 and 1, for every n"
+    return ("count the tensors a DDP process keeps for every parameter, then which of them ZeRO-1 "
+            "splits between its n ranks")
+
+
+_SYNONYMS = {"shrink": "shrink", "shrinks": "shrink", "smaller": "shrink", "decrease": "shrink",
+             "decreases": "shrink", "grow": "grow", "grows": "grow", "larger": "grow", "increase": "grow",
+             "increases": "grow", "same": "same", "unchanged": "same"}
+
+
+def _judge_small(answer: Any) -> str | None:
+    word = _SYNONYMS.get(answer.strip().lower()) if isinstance(answer, str) else None
+    if word is None:
+        return f'answer "grow", "shrink" or "same", not {answer!r}'
+    if word == "shrink":
+        return None
+    if word == "grow":
+        return ("a narrower model and fewer rows mean much less compute per step, while each step "
+                "still pays fixed costs (a barrier, starting the all-reduce): which way does that push "
+                "the ratio?")
+    return "the compute per step falls far more than the communication: the ratio moves"
+
+
+# bytes per GPU of the model state under AdamW with torch.autocast or FSDP2's mixed precision, the
+# accounting of notebook 11's ledger (sharding.BYTES_PER_PARAMETER["autocast"]): parameters,
+# gradients and both moments stay fp32, 4 + 4 + 8 bytes per parameter
+_STATE = {
+    "ddp": lambda psi, n: 16 * psi,
+    "zero2": lambda psi, n: 4 * psi + (4 + 8) * psi / n,
+    "fsdp": lambda psi, n: 16 * psi / n,
+}
+# DeepSpeed's and Apex O2's accounting (16-bit parameters and gradients, an fp32 master copy
+# beside the moments: 2 + 2 + 12): a wrong answer here, since the course's recipe keeps fp32
+_MASTER_WEIGHTS = {
+    "ddp": lambda psi, n: 16 * psi,
+    "zero2": lambda psi, n: 2 * psi + (2 + 12) * psi / n,
+    "fsdp": lambda psi, n: 16 * psi / n,
+}
+
+
+# two rules that part from the right one only where the model state sits just under the limit
+_PARAMETERS_TWICE = {  # ZeRO-2 counting the whole parameters and a share of them again
+    "ddp": lambda psi, n: 16 * psi,
+    "zero2": lambda psi, n: 4 * psi + 16 * psi / n,
+    "fsdp": lambda psi, n: 16 * psi / n,
+}
+_DDP_20 = {  # DDP at 20 bytes per parameter: a master copy beside parameters that are already fp32
+    "ddp": lambda psi, n: 20 * psi,
+    "zero2": lambda psi, n: 4 * psi + (4 + 8) * psi / n,
+    "fsdp": lambda psi, n: 16 * psi / n,
+}
+
+
+def _choose(parameters: float, gpu_bytes: float, gpus: int, activation_bytes: float,
+            state_bytes: dict = _STATE) -> str:
+    return next((s for s, state in state_bytes.items()
+                 if state(parameters, gpus) + activation_bytes <= gpu_bytes), "none")
+
+
+_CASES = [  # (parameters, gpu bytes, gpus, activation bytes)
+    (1e9, 80e9, 8, 10e9),  # ddp
+    (7e9, 80e9, 8, 10e9),  # zero2
+    (30e9, 80e9, 8, 10e9),  # fsdp
+    (70e9, 80e9, 8, 10e9),  # none
+    (4e9, 80e9, 8, 30e9),  # zero2: the model state alone would fit DDP, not with the activations
+    (10e9, 80e9, 8, 10e9),  # zero2: fits ZeRO-2 (65 GB), not ZeRO-1 (100 GB)
+    (15e9, 80e9, 8, 10e9),  # fsdp: ZeRO-2 needs 92.5 GB here (66.25 GB with a 2-byte master-copy count)
+    (3e9, 40e9, 8, 5e9),  # zero2 on a 40 GB GPU
+    (10e9, 80e9, 2, 10e9),  # none on 2 GPUs
+    (40e9, 80e9, 64, 10e9),  # fsdp on 64 GPUs
+    (38e9, 80e9, 8, 10e9),  # none: FSDP's 76 GB of state fits only without the activations
+    (12e9, 80e9, 8, 10e9),  # zero2 at 76 GB; counting the parameters twice (82 GB) says fsdp
+    (4e9, 80e9, 8, 10e9),  # ddp at 74 GB; 20 bytes per parameter (90 GB) says zero2
+]
+
+
+def _call(args: tuple) -> str:
+    """choose_strategy(10e9, 80e9, 2, 10e9), as a learner would write it."""
+    return "choose_strategy(" + ", ".join(f"{a / 1e9:g}e9" if a >= 1e9 else str(a) for a in args) + ")"
+
+
+def _judge_choose(answer: Any) -> str | None:
+    for args in _CASES:
+        right = _choose(*args)
+        got = answer(*args)
+        if got == right:
+            continue
+        psi, gpu, n, act = args
+        call = _call(args)
+        if got == _choose(psi, gpu, n, 0.0):
+            return (f"{call} gave {got!r}: the model state fits there, but the activations need room too: "
+                    "add them to every strategy's bytes")
+        if got == _choose(*args, state_bytes=_MASTER_WEIGHTS):
+            return (f"{call} gave {got!r}: that counts 2-byte parameters and gradients beside an fp32 "
+                    "master copy, DeepSpeed's and Apex O2's accounting; with torch.autocast or FSDP2's "
+                    "mixed precision the parameters and their gradients stay fp32")
+        if got == _choose(*args, state_bytes=_PARAMETERS_TWICE):
+            return (f"{call} gave {got!r}: your ZeRO-2 figure counts the parameters twice, whole on every "
+                    "GPU and again in each GPU's share: ZeRO-2 keeps them whole and splits only the "
+                    "gradients and AdamW's state")
+        if got == _choose(*args, state_bytes=_DDP_20):
+            return (f"{call} gave {got!r}: your DDP figure is more than 16 bytes per parameter: with "
+                    "torch.autocast the fp32 parameters are the only copy, there is no master copy beside "
+                    "them")
+        if right == "zero2" and got in ("fsdp", "none") and 8 * psi + 8 * psi / n + act > gpu:
+            return ("your ZeRO-2 figure is ZeRO-1's: stage 2 shards more than the optimizer's state, "
+                    "so it fits here")
+        if got == _choose(psi, 80e9, n, act) and gpu != 80e9:
+            return f"{call} gave {got!r}, as if every GPU had 80 GB: use gpu_bytes"
+        if got == _choose(psi, gpu, 8, act) and n != 8:
+            return f"{call} gave {got!r}, as if there were 8 GPUs: use gpus"
+        if right == "fsdp" and got == "none":
+            return (f"{call} gave 'none', but FSDP fits there: recount what each GPU "
+                    "keeps once everything is sharded")
+        if got == "fsdp" and right in ("ddp", "zero2"):
+            return "prefer the strategy that sends the least when it fits: DDP first, FSDP last"
+        return (f"{call} gave {got!r}: work out each strategy's bytes per GPU in turn, "
+                "from DDP to FSDP, activations included, and keep the first that fits")
     return None
-
-
-# ----------------------------------------------------------------------------- 11.8 saving
-
-#: how torch.load fails on a checkpoint that is still being written
-_TORN = re.compile(r"EOFError|UnpicklingError|PytorchStreamReader|zip archive|central directory")
-
-
-def _saving_plan(save_and_load: Any) -> Plan:
-    import os
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="course-checkpoint-") as folder:
-        cases = []
-        for i, delay in enumerate(SAVE_DELAYS_S):  # a launch each: a hang ends one
-            path = os.path.join(folder, f"model{i}.pt")
-            torch.save(seeded_weights(99), path)  # last run's checkpoint, still there
-            results, hint = yield (saving_rank, 2, save_and_load, path, delay)
-            if hint and _TORN.search(hint):
-                return (f"{hint.split(':')[0]} reading the checkpoint while rank 0 was still writing it "
-                        "(a torn file): no rank may read until rank 0 has finished writing, and a "
-                        "sleep, or watching the file, only guesses when that is")
-            if hint:
-                return hint + ". A barrier waits until every rank has reached it: every rank must call it"
-            hint = _saved_hint(delay, results)  # each case judged as it comes: the first fault first
-            if hint:
-                return hint
-            cases.append(results)
-    if any(not r["kinds"] for results in cases for r in results):
-        return ("every rank read rank 0's weights, but a rank did not wait for rank 0 in a "
-                "collective: a sleep, or watching the file, only guesses when writing has "
-                "finished; a barrier knows")
-    return None
-
-
-def _saved_hint(delay: float, results: list[dict]) -> str | None:
-    def same(a: dict | None, b: dict) -> bool:
-        return a is not None and sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in b)
-
-    saved, stale = seeded_weights(0), seeded_weights(99)
-    if any(r["wrote"] for r in results[1:]):
-        return ("only rank 0 writes the checkpoint: ranks that write one file at once can leave it "
-                "torn, and every copy but one is wasted")
-    written = results[0]["written_at"]
-    for rank, result in enumerate(results):
-        early = written is not None and any(t < written for t in result["loads_at"])
-        if early or same(result["weights"], stale):  # the order, whatever the values say
-            return (f"when rank 0 took {delay:g} s to write, rank {rank} read the file before rank 0 "
-                    "had written it" + (", and got last run's checkpoint, which was still there" if
-                                        same(result["weights"], stale) else "") +
-                    ": no rank may read until rank 0 has finished writing (a sleep only guesses how "
-                    "long that takes)")
-        if result["weights"] is None:
-            return (f"return the weights read from the file, a state_dict (rank {rank} returned "
-                    "another thing)")
-        if not same(result["weights"], saved):
-            if same(result["weights"], seeded_weights(rank)):
-                return (f"rank {rank} returned its own weights: every rank must return what rank 0 "
-                        "saved, read back from the checkpoint")
-            return f"rank {rank} did not return the weights rank 0 saved"
-    return None
-
-
-def _on_ranks(plan_of: Any) -> Any:
-    """The judge that runs ``plan_of(answer)``, each launch on ranks of its own."""
-    def judge(answer: Any) -> str | None:
-        return run_plan(plan_of(answer), HANG_HINT)
-    return judge
-
-
-#: the exercises judged on ranks, by their plans: :func:`verdicts` judges many answers at once
-PLANS = {"11.1": _evaluation_plan, "11.3": _order_plan, "11.4": _join_plan, "11.5": _accumulation_plan,
-         "11.8": _saving_plan}
-_judge_evaluation, _judge_order, _judge_join, _judge_accumulation, _judge_save_and_load = map(
-    _on_ranks, PLANS.values())
-
-
-def verdicts(key: str, answers: list) -> list[Verdict]:
-    """What :func:`~course_utils.exercises.verdict` says of each answer to rank exercise ``key``,
-    judged in few launches (:func:`~.on_ranks.run_plans`): the tests judge listed answers so."""
-    ex = find(key)
-    judged = [callable(a) and not _unattempted(ex, a) for a in answers]
-    outcomes = iter(run_plans([PLANS[key](a) for a, j in zip(answers, judged, strict=True) if j], HANG_HINT))
-
-    def replay(outcome: Any) -> Exercise:
-        def judge(answer: Any) -> str | None:
-            if isinstance(outcome, BaseException):
-                raise outcome
-            return outcome
-        return dataclasses.replace(ex, judge=judge)
-    return [verdict(replay(next(outcomes)) if j else ex, a) for a, j in zip(answers, judged, strict=True)]
 
 
 CASES: dict[str, list[str]] = {
-    "11.1": [f"world_size={w}, " + ("the notebook's classifier" if seed is None else f"right rows drawn "
-             f"with seed {seed}") for w, seed in EVALUATION_CASES],
-    "11.2": [f"{n} rows on {w} rank(s)" for n, w in SHARD_CASES],
-    "11.3": [f"world_size={w}" for w in ORDER_WORLDS],
-    "11.4": [f"world_size={len(c)}, batches per rank {c}" for c in JOIN_CASES],
-    "11.5": [f"world_size={w}, k={k} micro-batches of {m} rows, {s} steps"
-             for w, k, m, s in ACCUMULATION_CASES],
-    "11.6": [f"model: {name}" for name in NO_GRAD_MODELS],
-    "11.7": ["the three candidates: weights, dropout mask, data order"],
-    "11.8": [f"world_size=2, rank 0 writes for {d:g} s, last run's checkpoint in place"
-             for d in SAVE_DELAYS_S],
-    "11.9": [f"call {i + 1} of {STORE_CALLS}, random generators seeded alike" for i in range(STORE_CALLS)],
-    "11.10": ["the three start methods: fork, spawn, forkserver"],
-    "11.11": ["fp16 hook against plain fp32"],
-    "11.12": ["the example dumps of 3 ranks"],
+    "11.1": [f"ZeRO-1 against DDP on {n} rank(s), AdamW in fp32" for n in ZERO1_RANKS],
+    "11.2": ["DDP on 2 ranks, a narrower model and fewer rows per step"],
+    "11.3": [f"{_call(args)}: parameters, GPU bytes, GPUs, activation bytes" for args in _CASES],
 }
 
 EXERCISES = load_bank(__name__)

@@ -1,4 +1,4 @@
-"""Checks that run an answer on real ranks, through ``launch`` (notebooks 05, 09 and 11), so that
+"""Checks that run an answer on real ranks, through ``launch`` (notebooks 05, 10 and 12), so that
 a wrong answer cannot hang the kernel.
 
 Slow is not stuck: a check runs its ranks inside ``launcher.waiting.watching_stalls``, so they
@@ -34,7 +34,7 @@ def run_on_ranks(rank_fn: Callable[..., Any], world_size: int, *args: Any, hang_
     Returns ``(results, None)``, or ``(None, hint)`` when the ranks hung (``hang_hint``), ran away
     (:data:`RUNAWAY_HINT`) or one raised (its first line). Checks run on gloo, on the CPU, on any
     machine: they judge the logic of an answer, so answer cells need no device code. The one way
-    a judge launches ranks (notebooks 05, 09 and 11).
+    a judge launches ranks (notebooks 05, 10 and 12).
     """
     from ..distributed import LaunchTimeout, RankError, launch
     from ..launcher.waiting import watching_stalls

@@ -1,4 +1,4 @@
-"""What changes on a real cluster (notebook 08): a Slurm batch script for a torchrun job.
+"""What changes on a real cluster (notebook 09): a Slurm batch script for a torchrun job.
 
 ``slurm_script`` writes the script that starts one torchrun agent per node with ``srun``. The
 agents meet through c10d rendezvous at the first node of the allocation; ``--rdzv-id`` is the

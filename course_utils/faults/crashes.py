@@ -1,4 +1,4 @@
-"""What notebook 08 runs to show that a snapshot must hold everything, and that saves are atomic.
+"""What notebook 09 runs to show that a snapshot must hold everything, and that saves are atomic.
 
 ``train_in_process`` is a small training loop in one process (no process group) with the parts
 that make resuming hard: SGD with momentum (optimizer state), dropout (random numbers), and a
@@ -105,7 +105,7 @@ def kill_myself(_tmp: Path) -> None:
 
 
 class KillAt:
-    """A fault to inject into ``train_resumable(..., before_step=KillAt(rank, step))`` (notebook 08).
+    """A fault to inject into ``train_resumable(..., before_step=KillAt(rank, step))`` (notebook 09).
 
     Rank ``rank`` sends itself SIGKILL once ``step`` steps are done, on the first attempt only
     (``TORCHELASTIC_RESTART_COUNT`` is 0), so that a job restarted by torchrun runs through.

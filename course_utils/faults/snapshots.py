@@ -1,4 +1,4 @@
-"""Snapshots: everything a training run needs to continue exactly where it stopped (notebook 08).
+"""Snapshots: everything a training run needs to continue exactly where it stopped (notebook 09).
 
 A snapshot holds the model (always without a ``module.`` prefix), the optimizer, the gradient
 scaler if any, where training stood (epoch, batches done in that epoch, global step), the random

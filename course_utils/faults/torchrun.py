@@ -1,4 +1,4 @@
-"""Run a training script under torchrun from a notebook, on one node or as several (notebook 08).
+"""Run a training script under torchrun from a notebook, on one node or as several (notebook 09).
 
 ``torchrun(module, N, *args)`` runs ``python -m torch.distributed.run --nproc-per-node=N -m module``
 (torchrun itself, without relying on the ``torchrun`` script being on the kernel's PATH) and

@@ -1,4 +1,4 @@
-"""Sharded data parallelism: the ledgers (memory and bytes sent per rank) of notebook 09; its runs
+"""Sharded data parallelism: the ledgers (memory and bytes sent per rank) of notebook 10; its runs
 are in :mod:`course_utils.sharding.runs`.
 
 Memory per rank for Ψ parameters on N ranks, with p, g bytes per parameter and gradient element
@@ -218,7 +218,7 @@ def ring_steps_between_nodes(nodes: int, gpus_per_node: int, strategy: str, shar
 
 @dataclasses.dataclass
 class ShardedLedger(Ledger):
-    """A DDP ledger whose model state is sharded as ``SHARDED[strategy]`` says (notebook 09)."""
+    """A DDP ledger whose model state is sharded as ``SHARDED[strategy]`` says (notebook 10)."""
 
     @property
     def label(self) -> str:
@@ -230,9 +230,9 @@ def sharded_ledger(spec: ModelSpec, strategy: str, *, batch_size: int, num_devic
     """Notebook 04's DDP ledger with the model state of ``strategy``; activations unchanged.
 
     ``mixed_precision`` names an accounting of ``BYTES_PER_PARAMETER``: ``"autocast"`` (what
-    ``torch.autocast`` and FSDP2 keep: 4 + 4 + 8 bytes, notebooks 07 and 10) or
+    ``torch.autocast`` and FSDP2 keep: 4 + 4 + 8 bytes, notebooks 08 and 11) or
     ``"master_weights"`` (DeepSpeed, Apex O2: 2 + 2 + 12, the ZeRO paper's (2 + 2 + K)Ψ with
-    K = 12). ``True`` is ``"master_weights"`` (notebook 09 follows the paper); ``False``, fp32.
+    K = 12). ``True`` is ``"master_weights"`` (notebook 10 follows the paper); ``False``, fp32.
     Activations, inputs and outputs are counted in fp32 either way. No DDP buckets except DDP's.
     ``"hsdp"`` shards over ``gpus_per_node`` ranks (one node), which must divide ``num_devices``.
     """

@@ -1,10 +1,10 @@
-"""The runs of notebook 09's last section: data parallelism on a 2-D ``DeviceMesh`` (HSDP).
+"""The runs of notebook 10's last section: data parallelism on a 2-D ``DeviceMesh`` (HSDP).
 
 Four ranks stand for 2 nodes of 2 GPUs. ``mesh_2d`` lays them out as a (nodes, gpus_per_node)
 mesh whose dimensions are named for what the model does along them: ``"replicate"`` (across
 nodes: one rank per node, each holding the same shard) and ``"shard"`` (inside a node: the ranks
 that split the model between them). ``mesh_rank`` trains ``toy_model()`` on the same rows as
-notebook 09's FSDP section five ways: DDP and FSDP on the flat group of all ranks, FSDP with
+notebook 10's FSDP section five ways: DDP and FSDP on the flat group of all ranks, FSDP with
 ``reshard_after_forward`` set to the node size, HSDP on the mesh, and HSDP accumulating two
 micro-batches with ``set_requires_all_reduce(False)``. ``logged_links`` counts what each rank
 sends in every collective torch's own code runs, in a ring over the collective's group in rank
@@ -41,7 +41,7 @@ class LinkLog:
     """Bytes one rank sends in each collective, in a ring over the collective's group in rank
     order, as ``zero.CommLog`` counts them: a rank sends only to the next rank of that ring, so all
     its bytes go on one link, ``"inside node"`` when that rank is on its node, ``"between nodes"``
-    when it is not (notebook 09). ``groups``: the groups whose ring it sent on, by link. Which way
+    when it is not (notebook 10). ``groups``: the groups whose ring it sent on, by link. Which way
     round the ring runs is a convention: the other way, other ranks send across, as many bytes."""
 
     def __init__(self, gpus_per_node: int) -> None:

@@ -1,4 +1,4 @@
-"""The runs of notebook 09: ZeRO stages by hand and through PyTorch's APIs, on the same model.
+"""The runs of notebook 10: ZeRO stages by hand and through PyTorch's APIs, on the same model.
 
 Every rank function trains ``toy_model()`` on its rows of ``toy_batches`` and returns what the
 notebook and the tests compare with ``train_single`` (one process, whole batches):
@@ -49,7 +49,7 @@ _LOGGED = {"all_reduce": "all_reduce", "broadcast": "broadcast",
 def logged_collectives(log: CommLog, groups: bool = False) -> Iterator[None]:
     """While inside, count in ``log`` what torch's own code hands to ``dist.all_reduce``,
     ``dist.broadcast`` and the flat all-gather and reduce-scatter (either release's name), as
-    ``CommLog`` counts the by-hand stages (notebook 09). It replaces the functions in
+    ``CommLog`` counts the by-hand stages (notebook 10). It replaces the functions in
     ``torch.distributed``, which torch's Python code calls (a deprecated name calls the new one
     inside ``distributed_c10d``, unreplaced: one count). DDP's all-reduce runs in C++ unless a
     Python communication hook calls ``dist.all_reduce``: register ``allreduce_hook`` to count it.

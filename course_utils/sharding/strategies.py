@@ -1,4 +1,4 @@
-"""The strategy harness of notebook 10: one training job under each strategy, measured side by side.
+"""The strategy harness of notebook 11: one training job under each strategy, measured side by side.
 
 ``measure_strategies(size)`` runs one training job (an MLP classifier, AdamW) under each strategy,
 in fresh processes, and returns per strategy: time per step, samples per second, peak memory per

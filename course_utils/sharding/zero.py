@@ -1,4 +1,4 @@
-"""ZeRO by hand: data parallelism whose model state is split over the ranks (notebook 09).
+"""ZeRO by hand: data parallelism whose model state is split over the ranks (notebook 10).
 
 ``ZeroByHand(model, stage)`` trains ``model`` on the current process group at ZeRO stage 0 (plain
 data parallelism, what DDP does), 1, 2 or 3. Every module that owns parameters is one *unit*: its
@@ -44,7 +44,7 @@ def shard_numel(numel: int, world_size: int) -> int:
 
 
 class CommLog:
-    """What one rank sends in a ring implementation of each collective (notebook 09).
+    """What one rank sends in a ring implementation of each collective (notebook 10).
 
     A ring all-reduce of B bytes sends ``2 B (N-1)/N``; a reduce-scatter sends ``(N-1)`` output
     chunks, an all-gather ``(N-1)`` input chunks: ``B (N-1)/N`` each for a full size of B; a
@@ -124,7 +124,7 @@ class _Unit:
 
 
 class ZeroByHand:
-    """Train ``model`` with data parallelism at ZeRO ``stage`` (0-3) by hand (notebook 09).
+    """Train ``model`` with data parallelism at ZeRO ``stage`` (0-3) by hand (notebook 10).
 
     ``optimizer_cls(params, **optimizer_kwargs)`` is built over the shards (stages 1-3) or the
     whole model (stage 0). Call ``zero_grad()``, the forward and ``loss.backward()``, then

@@ -66,7 +66,7 @@ def environment_dir(torch_version: str) -> Path:
 
 
 def verdicts(nb) -> dict[str, str]:
-    """Every exercise check's status in an executed notebook, by key (``{"09.2": "right"}``)."""
+    """Every exercise check's status in an executed notebook, by key (``{"10.2": "right"}``)."""
     found = {}
     for cell in nb.cells:
         for out in cell.get("outputs", []):
