@@ -6,7 +6,7 @@ changed between those releases goes through here, so that a lesson module never 
 release it is on.
 
 - ``reduce_scatter_single`` / ``all_gather_single``: the collectives on one flat tensor (notebook
-  11). Torch 2.13 named them so; every earlier release calls them ``reduce_scatter_tensor`` and
+  10). Torch 2.13 named them so; every earlier release calls them ``reduce_scatter_tensor`` and
   ``all_gather_into_tensor``, names that 2.13 still accepts with a ``FutureWarning``.
 - ``dump_flight_recorder``: this process's Flight Recorder buffer (notebook 12). Torch 2.13 dumps
   it with ``torch._C._distributed_c10d._dump_fr_trace`` only; 2.11 has that name and the older

@@ -74,7 +74,7 @@ def _namespace(ex, src):
 @pytest.mark.parametrize("ex", ALL, ids=[ex.key for ex in ALL])
 def test_a_check_stops_an_answer_that_loops_forever(ex, monkeypatch):
     short = dataclasses.replace(ex, time_limit=SHORT_S)
-    # a prediction is a value, or a function of the exercise's quantities (09.4: bytes of N and G)
+    # a prediction is a value, or a function of the exercise's quantities (10.4: bytes of N and G)
     a_function = ex.kind != "predict" or callable(_solution_value(ex))
     if a_function:
         answer = _namespace(ex, _looping_function(ex))

@@ -18,7 +18,7 @@ NOTEBOOK = "notebooks/12_debugging_distributed.ipynb"
 def test_at_least_ten_exercises_of_every_kind():
     assert len(EXERCISES) >= 10
     assert {ex.kind for ex in EXERCISES} == {"predict", "fix", "implement"}
-    assert [ex.key for ex in EXERCISES] == [f"11.{i}" for i in range(1, len(EXERCISES) + 1)]
+    assert [ex.key for ex in EXERCISES] == [f"12.{i}" for i in range(1, len(EXERCISES) + 1)]
 
 
 def test_notebook_has_every_exercise_in_order():

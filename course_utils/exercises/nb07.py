@@ -1,11 +1,11 @@
 """Judges of the exercises of notebook 07 (batch size and learning rate); their content is in nb07.toml.
 
-13.1 reads two pairs of learning rates, one per new world: one with another global batch, one with
+07.1 reads two pairs of learning rates, one per new world: one with another global batch, one with
 the recipe's global batch on more GPUs of fewer rows, where reasoning per GPU parts from reasoning
-on the global batch. 13.2 runs the answer on squared norms drawn from gradients of a known mean and
+on the global batch. 07.2 runs the answer on squared norms drawn from gradients of a known mean and
 covariance, on several world sizes and per-rank batches, beside the look-alikes the lesson is
 about, and requires every draw's three values to be the unbiased estimates (of the estimates
-linear in the two squared norms, only one of each is unbiased) and their ratio. 13.3 runs the
+linear in the two squared norms, only one of each is unbiased) and their ratio. 07.3 runs the
 answer on real gloo ranks (2 and 3, several numbers of micro-batches in each launch) through
 ``run_on_ranks``, with the rank side in ``nb07_ranks``, compares the weights with one process on
 the same global batches (what N·k ranks end with, notebook 05), and counts each step's all-reduces
@@ -26,13 +26,13 @@ from .on_ranks import run_on_ranks
 
 __all__ = ["CASES", "EXERCISES"]
 
-#: 13.1: the recipe (global batch on so many GPUs, SGD's and AdamW's learning rates) and the new worlds
+#: 07.1: the recipe (global batch on so many GPUs, SGD's and AdamW's learning rates) and the new worlds
 RECIPE_BATCH, RECIPE_GPUS, SGD_LR, ADAMW_LR = 256, 8, 0.1, 1e-3
 NEW_WORLDS = [(4, 60), (16, 16)]  # (GPUs, rows per GPU): another global batch; the same one
-#: 13.2: (world size N, rows per rank B, seed): the squared norms of N ranks' gradients of B rows
+#: 07.2: (world size N, rows per rank B, seed): the squared norms of N ranks' gradients of B rows
 NOISE_CASES = [(2, 4, 0), (4, 8, 1), (8, 2, 2), (3, 16, 3)]
 NOISE_DIM, NOISE_DRAWS = 6, 600
-#: 13.3: world size -> the numbers of micro-batches tried in its launch; rows per rank
+#: 07.3: world size -> the numbers of micro-batches tried in its launch; rows per rank
 ACCUMULATION_CASES = {2: (2, 3), 3: (4, 2)}
 ACCUMULATION_ROWS = 12
 
@@ -48,7 +48,7 @@ CASES: dict[str, list[str]] = {
 }
 
 
-# ---------------------------------------------------------------- 13.1: the learning rates
+# ---------------------------------------------------------------- 07.1: the learning rates
 
 def _pairs(answer: Any) -> list[list[float]] | None:
     """Two pairs of numbers (a list or tuple of two sequences of two), or None."""
@@ -103,7 +103,7 @@ def _rates_hint(gpus: int, rows: int, sgd: float, adamw: float) -> str | None:
             "apply each optimizer's rule to its own learning rate")
 
 
-# ---------------------------------------------------------------- 13.2: gradient_noise_scale
+# ---------------------------------------------------------------- 07.2: gradient_noise_scale
 
 def _draws(world: int, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, float, float]:
     """The squared norms (mean local, averaged) of ``NOISE_DRAWS`` steps of ``world`` ranks of
@@ -228,7 +228,7 @@ def _look_alike(got: list[float], small: float, big: float, b_small: float, b_bi
     return None
 
 
-# ---------------------------------------------------------------- 13.3: accumulation on ranks
+# ---------------------------------------------------------------- 07.3: accumulation on ranks
 
 def _accumulation_hint(world: int, k: int, ranks: list[dict]) -> str | None:
     first = ranks[0]

@@ -16,12 +16,12 @@ import torch
 __all__ = ["ACCUMULATION_LR", "ACCUMULATION_STEPS", "accumulation_answer_rank", "global_batches",
            "reference_weights"]
 
-#: 13.3 trains this many optimizer steps at this learning rate (SGD, momentum 0.9)
+#: 07.3 trains this many optimizer steps at this learning rate (SGD, momentum 0.9)
 ACCUMULATION_STEPS, ACCUMULATION_LR = 3, 0.5
 
 
 def global_batches(world_size: int, rows_per_rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The global batches of 13.3's check, the same on every rank and in the judge."""
+    """The global batches of 07.3's check, the same on every rank and in the judge."""
     from ..ddp import batch_task
 
     generator = torch.Generator().manual_seed(13 * world_size + rows_per_rank)
@@ -29,7 +29,7 @@ def global_batches(world_size: int, rows_per_rank: int) -> list[tuple[torch.Tens
 
 
 def reference_weights(world_size: int, rows_per_rank: int, k: int, how: str) -> torch.Tensor:
-    """One process on 13.3's global batches (what N·k ranks end with), or a look-alike: ``"k times"``
+    """One process on 07.3's global batches (what N·k ranks end with), or a look-alike: ``"k times"``
     (each micro-batch's loss not divided by k), ``"last only"`` (each rank's last micro-batch alone,
     its loss divided by k)."""
     from ..ddp import batch_task

@@ -13,7 +13,7 @@ from .core import changed, load_bank, reference, snapshot
 __all__ = ["CASES", "EXERCISES"]
 
 
-#: 07.1's values, each stored in its format: a normal fp16 number's neighbour, one between half of
+#: 08.1's values, each stored in its format: a normal fp16 number's neighbour, one between half of
 #: fp16's smallest subnormal and that subnormal (the look-alike rule "below the smallest subnormal
 #: is zero" says it dies), and one far below bf16's normals that bf16's range still holds
 _SURVIVES = ((1e-5, torch.float16), (4e-8, torch.float16), (1e-9, torch.bfloat16))

@@ -20,11 +20,11 @@ from .core import load_bank
 
 __all__ = ["CASES", "EXERCISES"]
 
-#: 08.1's targets, inside a fresh folder
+#: 09.1's targets, inside a fresh folder
 _TARGETS = ["snapshot.pt", "runs/job 1/last.pt"]
-#: 08.2's jobs are 15 steps of 6 batches per epoch; the snapshot is taken after these steps
+#: 09.2's jobs are 15 steps of 6 batches per epoch; the snapshot is taken after these steps
 _RESUME_AFTER = [8, 3, 12]
-#: 08.3's job writes a snapshot every 3 steps; it is killed after these steps, one run each (a rule
+#: 09.3's job writes a snapshot every 3 steps; it is killed after these steps, one run each (a rule
 #: such as "resume one step back" agrees with the right one after step 10, not after 11 or 9)
 _EVERY, _KILLS = 3, (11, 9)
 
@@ -48,7 +48,7 @@ class _DiesHalfWay:
         raise RuntimeError("the writer died half-way through the save (simulated)")
 
 
-#: the events of the save being watched, in order, while a check of 08.1 runs (else None):
+#: the events of the save being watched, in order, while a check of 09.1 runs (else None):
 #: ("sync", inode or None where the file is not known) and ("rename", inode, src, dst)
 _EVENTS: list | None = None
 _AUDITING = False

@@ -12,7 +12,7 @@ from .answers import NOT_A_NUMBER, real, reals
 from .core import load_bank
 from .nb10_between import CLUSTERS as _CLUSTERS
 from .nb10_between import hsdp_between as _hsdp_between  # noqa: F401 - the reference, for the tests
-from .nb10_between import judge_between_nodes as _judge_between_nodes  # noqa: F401 - 09.4's judge
+from .nb10_between import judge_between_nodes as _judge_between_nodes  # noqa: F401 - 10.4's judge
 from .on_ranks import hint_from_ranks
 
 __all__ = ["CASES", "EXERCISES"]
@@ -76,10 +76,10 @@ def _judge_zero2_bytes(answer: Any) -> str | None:
             "whether stage 2 keeps it whole on every rank or splits it over the N ranks")
 
 
-#: 09.2's cases: the world sizes it launches, the shard length on each rank (odd: no written-in
+#: 10.2's cases: the world sizes it launches, the shard length on each rank (odd: no written-in
 #: halves), the seed of the parameters and gradients
 ZERO1_CASES = [(2, 5, 0), (3, 4, 1), (4, 3, 2)]
-#: 09.3's cases: the world sizes, each with two gradients (rows that do not divide evenly): one
+#: 10.3's cases: the world sizes, each with two gradients (rows that do not divide evenly): one
 #: whose norm is above max_norm, one below it (a clip that always rescales fails there)
 CLIP_WORLDS, CLIP_ROWS = (2, 3), 7
 CLIP_CASES = [("above", 1.0), ("below", 1000.0)]

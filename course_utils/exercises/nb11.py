@@ -11,7 +11,7 @@ from .core import load_bank
 __all__ = ["CASES", "EXERCISES"]
 
 
-#: 10.1's numbers of ranks: 2 is the harness's, where keeping 1/n and keeping (n-1)/n of the
+#: 11.1's numbers of ranks: 2 is the harness's, where keeping 1/n and keeping (n-1)/n of the
 #: moments agree; the others part them, and the rules of the other strategies
 ZERO1_RANKS = (1, 2, 3, 4, 8, 64)
 

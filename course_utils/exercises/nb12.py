@@ -43,16 +43,16 @@ __all__ = ["CASES", "EXERCISES", "HANG_HINT", "PLANS", "_judge_first_mismatch", 
            "verdicts"]
 
 #: The configurations each judge tries (CASES describes them, from the same lists).
-#: 11.1: world sizes, each with the classifier's right rows (None: the notebook's; else drawn)
+#: 12.1: world sizes, each with the classifier's right rows (None: the notebook's; else drawn)
 EVALUATION_CASES = [(2, None), (3, 1)]
-#: 11.3: world sizes
+#: 12.3: world sizes
 ORDER_WORLDS = (2, 3)
-#: 11.4: batches per rank: the notebook's, then 3 ranks (the check hands the answer a my_batches
+#: 12.4: batches per rank: the notebook's, then 3 ranks (the check hands the answer a my_batches
 #: for them)
 JOIN_CASES = [[3, 2], [4, 3, 5]]
-#: 11.5: (world size, k micro-batches, rows per micro-batch, optimizer steps)
+#: 12.5: (world size, k micro-batches, rows per micro-batch, optimizer steps)
 ACCUMULATION_CASES = [(2, 4, 3, 2), (3, 3, 2, 2)]
-#: 11.8: how long rank 0 takes to write (a sleep shorter than one is too early there)
+#: 12.8: how long rank 0 takes to write (a sleep shorter than one is too early there)
 SAVE_DELAYS_S = [0.3, 2.0]
 
 
@@ -67,7 +67,7 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in b)
 
 
-# ----------------------------------------------------------------------------- 11.1 evaluation
+# ----------------------------------------------------------------------------- 12.1 evaluation
 
 def _evaluation_plan(evaluate_and_report: Any) -> Plan:
     for world_size, seed in EVALUATION_CASES:
@@ -96,7 +96,7 @@ def _evaluation_plan(evaluate_and_report: Any) -> Plan:
     return None
 
 
-# ----------------------------------------------------------------------------- 11.3 order
+# ----------------------------------------------------------------------------- 12.3 order
 
 def _order_plan(sync_step: Any) -> Plan:
     for world_size in ORDER_WORLDS:
@@ -121,7 +121,7 @@ def _order_plan(sync_step: Any) -> Plan:
     return None
 
 
-# ----------------------------------------------------------------------------- 11.4 Join
+# ----------------------------------------------------------------------------- 12.4 Join
 
 def _join_plan(train_my_shard: Any) -> Plan:
     from course_utils.debugging.training_bugs import small_model, uneven_reference
@@ -145,7 +145,7 @@ def _join_plan(train_my_shard: Any) -> Plan:
     return None
 
 
-# ----------------------------------------------------------------------------- 11.5 accumulation
+# ----------------------------------------------------------------------------- 12.5 accumulation
 
 def _accumulation_plan(accumulation_step: Any) -> Plan:
     from course_utils.debugging.training_bugs import accumulation_reference
@@ -175,7 +175,7 @@ def _accumulation_plan(accumulation_step: Any) -> Plan:
     return None
 
 
-# ----------------------------------------------------------------------------- 11.8 saving
+# ----------------------------------------------------------------------------- 12.8 saving
 
 #: how torch.load fails on a checkpoint that is still being written
 _TORN = re.compile(r"EOFError|UnpicklingError|PytorchStreamReader|zip archive|central directory")

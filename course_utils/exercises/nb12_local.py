@@ -1,4 +1,4 @@
-"""The judges of notebook 12's exercises that run no ranks (11.2, 11.6, 11.7, 11.9 to 11.12);
+"""The judges of notebook 12's exercises that run no ranks (12.2, 12.6, 12.7, 12.9 to 12.12);
 ``nb12`` lists them in its bank with the others."""
 
 from __future__ import annotations
@@ -7,15 +7,15 @@ from typing import Any
 
 from .answers import NOT_A_NUMBER, real, whole
 
-#: 11.2: (rows, world size), including sizes that do not divide evenly, and no rows at all
+#: 12.2: (rows, world size), including sizes that do not divide evenly, and no rows at all
 SHARD_CASES = [(n, w) for n in (10, 7, 12, 3, 1, 0) for w in (1, 2, 3, 4)]
-#: 11.6: the models, each with parameters that forward never uses
+#: 12.6: the models, each with parameters that forward never uses
 NO_GRAD_MODELS = ("TwoHeads", "a stack whose middle layer is skipped")
-#: 11.9: calls in a row, the random generators seeded alike before each
+#: 12.9: calls in a row, the random generators seeded alike before each
 STORE_CALLS = 2
 
 
-# ----------------------------------------------------------------------------- 11.2 exact shards
+# ----------------------------------------------------------------------------- 12.2 exact shards
 
 def _judge_shards(shard: Any) -> str | None:
     for n, world_size in SHARD_CASES:
@@ -48,7 +48,7 @@ def _indices(rows: Any) -> list[int] | None:
     return None if None in got else got  # type: ignore[return-value]
 
 
-# ----------------------------------------------------------------------------- 11.6 no gradient
+# ----------------------------------------------------------------------------- 12.6 no gradient
 
 class _SkipsMiddle:
     """12.6's second model: a stack whose middle layer forward skips (built on first use)."""
@@ -91,7 +91,7 @@ def _judge_no_grad(params_without_grad: Any) -> str | None:
     return None
 
 
-# ----------------------------------------------------------------------------- 11.7 seeds
+# ----------------------------------------------------------------------------- 12.7 seeds
 
 def _judge_still_differ(still_differ: Any) -> str | None:
     if not isinstance(still_differ, (set, frozenset, list, tuple)):
@@ -108,7 +108,7 @@ def _judge_still_differ(still_differ: Any) -> str | None:
     return None
 
 
-# ----------------------------------------------------------------------------- 11.9 ports
+# ----------------------------------------------------------------------------- 12.9 ports
 
 def _seed_every_generator() -> None:
     """The random generators a learner might draw a port from, all in the same state."""
@@ -160,7 +160,7 @@ def _judge_store(start_store: Any) -> str | None:
     return None
 
 
-# ----------------------------------------------------------------------------- 11.10 CUDA and fork
+# ----------------------------------------------------------------------------- 12.10 CUDA and fork
 
 def _judge_start_methods(safe_after_cuda: Any) -> str | None:
     if not isinstance(safe_after_cuda, (set, frozenset, list, tuple)):
@@ -180,7 +180,7 @@ def _judge_start_methods(safe_after_cuda: Any) -> str | None:
     return None
 
 
-# ----------------------------------------------------------------------------- 11.11 compression
+# ----------------------------------------------------------------------------- 12.11 compression
 
 def _judge_ratio(fp16_bytes_ratio: Any) -> str | None:
     ratio = real(fp16_bytes_ratio)
@@ -198,7 +198,7 @@ def _judge_ratio(fp16_bytes_ratio: Any) -> str | None:
     return "count the bytes of one gradient value: float32 has 4, float16 has 2"
 
 
-# ----------------------------------------------------------------------------- 11.12 Flight Recorder
+# ----------------------------------------------------------------------------- 12.12 Flight Recorder
 
 def _judge_first_mismatch(first_mismatch: Any) -> str | None:
     from course_utils.debugging.flight_recorder import example_flight_records, first_mismatch_of

@@ -41,7 +41,7 @@ POLL_S = 0.02
 #: stuck: the unfinished ranks together used less than IDLE_CPU_S of CPU in the last STALL_S
 #: seconds. A rank blocked in a gloo collective uses none (measured: 0.00 s in 5 s); one that
 #: runs, however starved by other processes, gets some of every scheduler period. 5 s judged a
-#: right answer of 11.8 (a rank sleeps 2 s while the other waits in a barrier) hung once in three
+#: right answer of 12.8 (a rank sleeps 2 s while the other waits in a barrier) hung once in three
 #: `make test` runs on 3 workers over 2 cores; 8 s leaves that room and still reports a hang
 #: within about 10 s.
 STALL_S, IDLE_CPU_S = 8.0, 0.05
