@@ -82,6 +82,29 @@ def test_a_launch_that_waits_for_a_peer_stops_as_stalled_and_one_that_computes_d
     assert caught.value.cause == "stalled" and "no progress for 2 s" in str(caught.value)
 
 
+def test_ranks_that_wait_are_stalled_despite_their_threads_background_cpu(monkeypatch):
+    """Ranks blocked in a collective use a little CPU (gloo's and torch's threads: 0.003 to 0.004 s
+    per second each, measured idle and with every core busy); two of them are still stalled after
+    one window, while a rank that gets even 5 % of a core is making progress."""
+    from course_utils.launcher import waiting
+
+    def watch_over(rate_per_rank: float, ranks: int, seconds: float) -> list:
+        clock = {"now": 0.0}
+        monkeypatch.setattr(waiting.time, "monotonic", lambda: clock["now"])
+        monkeypatch.setattr(waiting, "_cpu_seconds", lambda handle: 1.0 + rate_per_rank * clock["now"])
+        handles = [type("Handle", (), {"rank": r})() for r in range(ranks)]
+        watch, verdicts = waiting._Watch(Stalls()), []
+        while clock["now"] <= seconds:
+            verdicts.append((clock["now"], watch.verdict(handles)))
+            clock["now"] += waiting.CPU_POLL_S
+        return [when for when, verdict in verdicts if verdict == "stalled"]
+
+    for ranks in (2, 4):
+        stalled_at = watch_over(0.004, ranks, 2 * STALL_S)
+        assert stalled_at and STALL_S <= stalled_at[0] <= STALL_S + 1, (ranks, stalled_at[:1])
+        assert watch_over(0.05, ranks, 4 * STALL_S) == [], ranks  # a starved rank still progresses
+
+
 @pytest.mark.stress
 def test_a_rank_that_computes_longer_than_the_stall_limit_is_not_stuck():
     def computes(rank, world_size, seconds):

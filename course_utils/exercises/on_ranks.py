@@ -1,12 +1,7 @@
 """Checks that run an answer on real ranks, through ``launch`` (notebooks 05, 10 and 12), so that
-a wrong answer cannot hang the kernel.
-
-Slow is not stuck: a check runs its ranks inside ``launcher.waiting.watching_stalls``, so they
-count as hung when none of the unfinished ranks has used the CPU for ``STALL_S`` (8 s: each waits
-for a peer, in a collective or a barrier), however long a busy machine takes to start and run
-them; a rank that computes without end is stopped once it has used ``CPU_BUDGET_S`` of CPU, and
-:data:`RANKS_LIMIT_S` of wall time is the last resort. Fresh-interpreter starts (macOS, Windows,
-a GPU) spend their seconds of imports on the CPU, which counts as progress.
+a wrong answer cannot hang the kernel. Slow is not stuck: inside ``launcher.waiting.watching_stalls``
+the ranks count as hung when they used next to no CPU for ``STALL_S`` (each waits for a peer), as
+runaways once one used ``CPU_BUDGET_S``; :data:`RANKS_LIMIT_S` of wall time is the last resort.
 """
 
 from __future__ import annotations
@@ -17,14 +12,18 @@ from typing import Any
 
 from .time_limit import untimed
 
-__all__ = ["RANKS_LIMIT_S", "RUNAWAY_HINT", "Plan", "collectives_called", "collectives_recorded",
-           "hint_from_ranks", "reductions_recorded", "run_on_ranks", "run_plan", "run_plans", "sent_per_rank"]
+__all__ = ["RANKS_LIMIT_S", "RUNAWAY_HINT", "TIMEOUT_HINT", "Plan", "collectives_called",
+           "collectives_recorded", "hint_from_ranks", "reductions_recorded", "run_on_ranks", "run_plan",
+           "run_plans", "sent_per_rank"]
 
 #: the wall-clock limit of a check's launch, a last resort (hangs and runaways are caught sooner)
 RANKS_LIMIT_S = 90.0
 #: the hint when the ranks kept computing without finishing
 RUNAWAY_HINT = ("the ranks kept computing and did not finish: look for a loop that never ends, or "
                 "far more work than the check needs")
+#: the hint when the wall-clock limit came first, before either kind of evidence
+TIMEOUT_HINT = ("the ranks did not finish within the check's time limit: look for ranks that wait for "
+                "each other, a loop that never ends, or far more work than the check needs")
 
 
 def run_on_ranks(rank_fn: Callable[..., Any], world_size: int, *args: Any, hang_hint: str,
@@ -32,9 +31,9 @@ def run_on_ranks(rank_fn: Callable[..., Any], world_size: int, *args: Any, hang_
     """Run an answer (or a judge's rank function) on real ranks for a check.
 
     Returns ``(results, None)``, or ``(None, hint)`` when the ranks hung (``hang_hint``), ran away
-    (:data:`RUNAWAY_HINT`) or one raised (its first line). Checks run on gloo, on the CPU, on any
-    machine: they judge the logic of an answer, so answer cells need no device code. The one way
-    a judge launches ranks (notebooks 05, 10 and 12).
+    (:data:`RUNAWAY_HINT`), met the wall-clock limit first (:data:`TIMEOUT_HINT`) or one raised (its
+    first line). Checks run on gloo, on the CPU, on any machine: they judge an answer's logic, so
+    answer cells need no device code. The one way a judge launches ranks (notebooks 05, 10, 12).
     """
     from ..distributed import LaunchTimeout, RankError, launch
     from ..launcher.waiting import watching_stalls
@@ -44,7 +43,8 @@ def run_on_ranks(rank_fn: Callable[..., Any], world_size: int, *args: Any, hang_
             return launch(rank_fn, world_size, *args, echo=False, timeout_s=timeout_s, stacks=False,
                           backend="gloo"), None
     except LaunchTimeout as err:
-        return None, hang_hint if getattr(err, "cause", "stalled") == "stalled" else RUNAWAY_HINT
+        cause = getattr(err, "cause", "stalled")
+        return None, {"stalled": hang_hint, "runaway": RUNAWAY_HINT}.get(cause, TIMEOUT_HINT)
     except RankError as err:
         first = (err.message.strip().splitlines() or [""])[0]
         return None, f"rank {err.rank} raised {err.exc_type}: {first}"
