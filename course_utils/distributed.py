@@ -25,8 +25,10 @@ What it takes care of, because a notebook cannot:
   ``python -m course_utils.launcher.rank``. The environment variable ``COURSE_START=subprocess``
   makes that the start of every launch that does not pass ``start=`` (``make stress`` runs every
   notebook so: the start that macOS and Windows learners get).
-- **No port races.** The parent hosts the rendezvous ``TCPStore`` on a port the OS assigns, and
-  closes it when the launch ends.
+- **No port races.** The ranks meet through a ``FileStore``: a file in the launch's own temporary
+  folder, removed when the launch ends. No port is taken, and no address is looked up (a
+  ``TCPStore`` makes torch look up the name of every peer that connects, and a name server that
+  drops the query costs that rank 5 s, even on 127.0.0.1).
 - **Failures reach you.** If a rank raises, ``launch`` stops the other ranks and raises
   :class:`RankError` with that rank's traceback and output. If the ranks do not finish within
   ``timeout_s`` (a rank stuck in a collective, say), it asks each stuck rank where it is (a
@@ -39,7 +41,6 @@ What it takes care of, because a notebook cannot:
 
 from __future__ import annotations
 
-import datetime
 import os
 import pickle
 import shutil
@@ -52,7 +53,6 @@ from pathlib import Path
 from typing import Any
 
 from ._checks import check_positive_int, check_seconds
-from .compat import tcp_store_options
 from .devices import choose_backend
 from .launcher import rank as _rank
 from .launcher.forkserver import Forked, RankProcess, forkserver_context, use_forkserver
@@ -64,8 +64,6 @@ __all__ = ["LaunchTimeout", "RankError", "free_port", "launch", "rank_print"]
 
 #: How ``launch``'s ranks meet: its own store, ``env://``, ``tcp://``, or no group (``fn`` makes one).
 INITS = ("store", "env", "tcp", "none")
-#: how long the parent's TCPStore waits for a rank's connection
-STORE_TIMEOUT_S = 30.0
 #: extra time a rank's process group gets beyond the launch's own limit, so the launch times out first
 GROUP_GRACE_S = 30.0
 def free_port() -> int:
@@ -111,15 +109,16 @@ def launch(
     before any rank starts. Return values come back the same way.
 
     ``backend``: ``"gloo"`` or ``"nccl"``; by default NCCL when every rank can have its own GPU,
-    else gloo. ``init`` is how the ranks meet: ``"store"`` (a TCPStore held by this process; the
-    robust default), ``"env"`` (``env://`` with ``MASTER_ADDR``/``MASTER_PORT``, as torchrun does),
-    ``"tcp"`` (``tcp://127.0.0.1:PORT``, as in the Korean article), or ``"none"``: no group; ``fn`` calls
-    ``init_process_group`` itself, from torchrun's environment (``RANK``, ``LOCAL_RANK``,
-    ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and a free ``MASTER_PORT``)
-    or from its own address and port; a group it leaves open is destroyed after it returns. Each
-    rank uses ``threads_per_rank`` CPU threads. With ``echo`` the ranks' printed lines are printed
-    here, rank by rank, each prefixed with ``[rank r]``. With ``stacks``, a timeout reports where
-    each stuck rank was (its Python stack, from ``faulthandler``).
+    else gloo. ``init`` is how the ranks meet: ``"store"`` (a ``FileStore`` in the launch's
+    temporary folder; the robust default), ``"env"`` (``env://`` with ``MASTER_ADDR`` and
+    ``MASTER_PORT``, as torchrun does), ``"tcp"`` (``tcp://127.0.0.1:PORT``, as in the Korean
+    article), or ``"none"``: no group; ``fn`` calls ``init_process_group`` itself, from torchrun's
+    environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+    ``MASTER_ADDR=127.0.0.1`` and a free ``MASTER_PORT``) or from its own address and port; a group
+    it leaves open is destroyed after it returns. Each rank uses ``threads_per_rank`` CPU threads.
+    With ``echo`` the ranks' printed lines are printed here, rank by rank, each prefixed with
+    ``[rank r]``. With ``stacks``, a timeout reports where each stuck rank was (its Python stack,
+    from ``faulthandler``).
 
     ``start`` is how the rank processes start: ``"forkserver"`` (forked from a clean server that
     has imported torch once: fast), ``"subprocess"`` (a fresh interpreter per rank: about 1.2 s
@@ -141,19 +140,10 @@ def launch(
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     forkserver = use_forkserver(start, backend)
     call = serialise_call(fn, args)  # before anything starts: what cannot travel is named here
-
-    import torch.distributed as dist
-
     workdir = Path(tempfile.mkdtemp(prefix="course-launch-"))
-    store = None
     ranks: list[RankHandle] = []
     try:
-        if init == "store":
-            store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=STORE_TIMEOUT_S),
-                                  wait_for_workers=False, **tcp_store_options())  # Windows: no libuv
-            port = store.port
-        else:
-            port = free_port()
+        port = free_port()  # MASTER_PORT, for env://, tcp:// and a group fn makes itself
         # plain pickle around the cloudpickled call: a rank reads the settings and sys.path first
         payload = {"call": call, "sys_path": list(sys.path), "world_size": world_size,
                    "backend": backend, "init": init, "port": port,
@@ -186,5 +176,4 @@ def launch(
         for r in ranks:
             if isinstance(r.process, Forked):
                 r.process.close()
-        del store
         shutil.rmtree(workdir, ignore_errors=True)

@@ -107,6 +107,20 @@ def test_repeated_launches_leave_no_port_or_process_group_behind():
     assert not dist.is_initialized()
 
 
+def default_store(rank, world_size):
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    return type(getattr(store, "underlying_store", store)).__name__
+
+
+@STARTS
+def test_the_ranks_meet_through_a_file_so_no_name_lookup_can_stall_them(start):
+    # a TCPStore makes torch look up the name of each peer that connects: a name server that drops
+    # the query costs that rank 5 s (seen on CI machines), long enough to look like a hang
+    assert launch(default_store, 2, echo=False, start=start) == ["FileStore"] * 2
+
+
 @pytest.mark.parametrize("init", ["env", "tcp"])
 def test_env_and_tcp_rendezvous(init):
     assert [r["rank"] for r in launch(demos.hello, 2, init=init, echo=False)] == [0, 1]

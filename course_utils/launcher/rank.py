@@ -123,7 +123,6 @@ def run(workdir: Path, rank: int) -> int:
         import torch
         import torch.distributed as dist
 
-        from course_utils.compat import tcp_store_options  # Windows: a store without libuv
         from course_utils.devices import init_kwargs
 
         # Everything imported so far lives as long as the process: keep it out of the collector's
@@ -141,7 +140,7 @@ def run(workdir: Path, rank: int) -> int:
         # NCCL: bind this process to cuda:RANK before any CUDA work, and tell the group so
         bind = init_kwargs(backend, rank)
         if payload["init"] == "store":
-            store = dist.TCPStore("127.0.0.1", payload["port"], None, False, timeout, **tcp_store_options())
+            store = dist.FileStore(str(workdir / "rendezvous"), world_size)  # see launch's text
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=timeout, **bind)
             del store
