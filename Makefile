@@ -23,22 +23,31 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@touch $@
 
-# Unit tests and notebooks run on one more worker than the machine has cores (pytest-xdist): many
-# tests wait (on ranks, a timeout, a slow save), and a third worker on 2 cores fills that time
-# (measured on 2 cores: 179 s on 2 workers, 148 s on 3, 148 s on 4). --dist loadscope keeps each
-# notebook (and each test module) on one worker, in order; tests/conftest.py hands the longest
-# scopes out first (--no-loadscope-reorder keeps that order).
-WORKERS  := $(shell $(PYTHON) -c 'import os; print(1 + (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')
+# Unit tests and notebooks run on two more workers than the machine has cores (pytest-xdist): many
+# tests wait (on ranks, a timeout, a slow save, a hang being detected), and the extra workers fill
+# that time (measured on 2 cores: 198 s on 3 workers, 188 s on 4, the machine 1.9 cores busy).
+# --dist loadscope keeps each notebook (and each test module) on one worker, in order;
+# tests/conftest.py hands the longest scopes out first (--no-loadscope-reorder keeps that order).
+WORKERS  := $(shell $(PYTHON) -c 'import os; print(2 + (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')
 PARALLEL := -n $(WORKERS) --dist loadscope --no-loadscope-reorder
+# One torch thread per test process and notebook kernel: with more workers than cores, torch's
+# thread teams only wait for each other (measured: 353 CPU-s instead of 383, 188 s instead of 209).
+# Stored outputs do not depend on it (nbval passes either way; make stress runs with the default).
+TESTS_ENV := OMP_NUM_THREADS=1
+# Let Python cache what it compiles: with PYTHONDONTWRITEBYTECODE set (some images set it), every
+# pytest process rewrites every test module and plugin again (2 CPU-s each, measured).
+unexport PYTHONDONTWRITEBYTECODE
+# More pytest options for test, unit and nbval: make test ARGS="--durations=10"
+ARGS ?=
 
 test: $(STAMP) ## Unit tests and every notebook under nbval, in parallel on this machine's cores
-	$(BIN)/python -m pytest $(PARALLEL)
+	$(TESTS_ENV) $(BIN)/python -m pytest $(PARALLEL) $(ARGS)
 
 unit: $(STAMP) ## Unit tests only (fast)
-	$(BIN)/python -m pytest $(PARALLEL) tests
+	$(TESTS_ENV) $(BIN)/python -m pytest $(PARALLEL) tests $(ARGS)
 
 nbval: $(STAMP) ## Notebooks only, under nbval
-	$(BIN)/python -m pytest $(PARALLEL) notebooks
+	$(TESTS_ENV) $(BIN)/python -m pytest $(PARALLEL) notebooks $(ARGS)
 
 # Stored outputs must be what every correct CPU prints. PyTorch picks its CPU kernels by the
 # processor (AVX-512, AVX2, ...), and a rounding residue printed by one set differs under another:

@@ -45,13 +45,17 @@ def nothing_left_behind():
 #: keeps one on one worker), longest first, from `pytest --durations=0` on 2 cores (2026-11). They are
 #: handed out first, so that no long one starts last while the other workers idle: the run ends
 #: with short scopes, which fill in.
-LONGEST_FIRST = ("tests/test_exercise_hints_nb11.py", "tests/test_exercise_hints.py",
-                 "notebooks/09_fault_tolerance_and_multi_node.ipynb",
-                 "tests/test_exercise_limits.py", "notebooks/05_distributed_data_parallel.ipynb",
-                 "tests/test_distributed.py", "notebooks/12_debugging_distributed.ipynb",
-                 "tests/test_launch_modes.py", "notebooks/11_choosing_a_strategy.ipynb",
-                 "tests/test_exercises.py", "tests/test_debugging.py", "tests/test_gpu_check.py",
-                 "notebooks/10_sharded_data_parallel.ipynb")
+LONGEST_FIRST = ("tests/test_exercises.py", "notebooks/09_fault_tolerance_and_multi_node.ipynb",
+                 "notebooks/07_batch_size_and_learning_rate.ipynb", "tests/test_distributed.py",
+                 "tests/test_exercise_hints_nb12_hangs.py", "tests/test_exercise_hints.py",
+                 "notebooks/05_distributed_data_parallel.ipynb", "notebooks/11_choosing_a_strategy.ipynb",
+                 "notebooks/12_debugging_distributed.ipynb", "tests/test_launch_modes.py",
+                 "tests/test_bench.py", "tests/test_exercise_hints_nb12_saving.py",
+                 "notebooks/04_output_device_and_memory.ipynb", "tests/test_exercise_limits.py",
+                 "notebooks/10_sharded_data_parallel.ipynb", "tests/test_gpu_check.py",
+                 "tests/test_compat.py", "tests/test_debugging.py", "notebooks/06_ddp_by_hand.ipynb",
+                 "tests/test_exercise_hints_nb12.py", "notebooks/08_mixed_precision.ipynb",
+                 "tests/test_busy_judges.py")
 
 
 def pytest_collection_modifyitems(config, items):
