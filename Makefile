@@ -37,7 +37,7 @@ TESTS_ENV := OMP_NUM_THREADS=1
 # Let Python cache what it compiles: with PYTHONDONTWRITEBYTECODE set (some images set it), every
 # pytest process rewrites every test module and plugin again (2 CPU-s each, measured).
 unexport PYTHONDONTWRITEBYTECODE
-# More pytest options for test, unit and nbval: make test ARGS="--durations=10"
+# More pytest options for test, unit, nbval and stress: make test ARGS="--durations=10"
 ARGS ?=
 
 test: $(STAMP) ## Unit tests and every notebook under nbval, in parallel on this machine's cores
@@ -60,7 +60,7 @@ nbval-portable: $(STAMP) ## Notebooks under nbval again with PyTorch's portable 
 # fresh interpreters (COURSE_START=subprocess, the start off Linux and with a GPU) and PyTorch's
 # portable CPU kernels (ATEN_CPU_CAPABILITY=default), in a pytest of its own on every core.
 stress: $(STAMP) ## the tests marked stress: repeated launches, torchrun restarts, every notebook as on another machine
-	$(BIN)/python -m pytest -m stress tests
+	$(BIN)/python -m pytest -m stress tests $(ARGS)
 
 execute: $(STAMP) ## Re-run every notebook in place (clean CPU run) to refresh stored outputs
 	$(BIN)/python -m course_utils.tools.nbtools execute $(NOTEBOOKS)

@@ -49,9 +49,10 @@ def gpu_tests(tmp_path_factory):
     xml = tmp_path_factory.mktemp("gpu") / "junit.xml"
     run_them = torch.cuda.device_count() == 0
     mode = [f"--junitxml={xml}"] if run_them else ["--collect-only", "-q"]
+    # without the notebooks' options and nbval's plugin (nbformat alone costs 1 s to import)
     result = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "tests/test_gpu.py", *mode,
-                             "-p", "no:cacheprovider"], cwd=REPO, capture_output=True, text=True,
-                            timeout=300)
+                             "-p", "no:cacheprovider", "-o", "addopts=-ra", "-p", "no:nbval"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     names = ([t.name for t in parse_junit(xml)] if run_them
              else [line for line in result.stdout.splitlines() if "::" in line])
