@@ -97,9 +97,10 @@ def test_ci_checks_the_notebooks_with_another_cpus_kernels():
     fresh-interpreter ranks), so an output that only one CPU's kernels print cannot land;
     make nbval-portable runs that pass alone."""
     import test_fresh_starts
+    from test_pins import ci_commands
 
     assert test_fresh_starts.PORTABLE_KERNELS == {"ATEN_CPU_CAPABILITY": "default"}
-    assert "make stress" in (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "make stress" in ci_commands()
     makefile = (ROOT / "Makefile").read_text()
     target = re.search(r"^nbval-portable:.*\n\t(.+)$", makefile, re.MULTILINE)
     assert target and "ATEN_CPU_CAPABILITY=default" in target.group(1) and "notebooks" in target.group(1)

@@ -75,13 +75,19 @@ def _dependencies() -> list[str]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
 
 
+def ci_commands() -> list[str]:
+    """The command of each line of .ci/run, without what follows it: a redirection, ``&`` (a step
+    may run in the background), ``;``, ``||`` or a pipe."""
+    return [re.match(r"[^<>&|;]*", line).group().strip() for line in
+            (ROOT / ".ci" / "run").read_text().splitlines()]
+
+
 def _ci_compat_releases() -> set[str]:
     """The releases .ci/run checks with `make compat`: one line each, or all of them side by side
     with `make compat-all` (the Makefile's COMPAT_RELEASES)."""
     from course_utils.tools.compat_check import DEFAULT_TORCH
 
-    ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    commands = [line.split("&")[0].strip() for line in ci]  # a step may run in the background
+    commands = ci_commands()
     checked = {DEFAULT_TORCH if line == "make compat" else line.removeprefix("make compat TORCH=")
                for line in commands if line.startswith("make compat") and line != "make compat-all"}
     if "make compat-all" in commands:
@@ -114,7 +120,7 @@ def test_ci_runs_make_compat_on_every_tested_release_but_the_pin():
     (one line each, or all of them side by side with `make compat-all`: the Makefile's list)."""
     from course_utils.tools.compat_check import TESTED_RELEASES
 
-    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    ci = ci_commands()
     checked = _ci_compat_releases()
     others = set(TESTED_RELEASES) - {requirement_pins()["torch"]}
     assert checked == others and len(others) >= 2, (checked, TESTED_RELEASES)
