@@ -215,3 +215,27 @@ def test_every_notebook_has_exercises():
     assert numbers[0] == "00" and len(bank("00")) == 1  # the environment check: one warm-up
     for number in numbers[1:]:
         assert len(bank(number)) >= 3, f"notebook {number} needs at least three exercises"
+
+
+
+def _imported_names(source: str) -> set[str]:
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # a cell with a magic or a shell line imports nothing the answer relies on
+        return set()
+    return {(alias.asname or alias.name).split(".")[0] for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+
+
+@pytest.mark.parametrize("ex", ALL, ids=IDS)
+def test_the_notebook_imports_what_the_check_gives_the_answer(ex):
+    """A check runs the answer after the exercise's context (the imports its solution uses); in the
+    notebook the answer runs after the notebook's own cells, which must import the same, or the
+    solution the check accepts raises NameError there (07.3's did, in the solutions edition)."""
+    nb = nbformat.read(NOTEBOOKS[ex.notebook], as_version=4)
+    sources = [cell.source for cell in nb.cells if cell.cell_type == "code"]
+    check_cell = next(i for i, s in enumerate(sources) if f'check("{ex.key}"' in s)
+    before = set().union(*(_imported_names(s) for s in sources[:check_cell]))
+    assert _imported_names(ex.context) <= before, (ex.key, _imported_names(ex.context) - before)
