@@ -271,6 +271,7 @@ CASES = {
     "ddp.by_hand_trials.routed_orders_rank": (2, ()),
     "ddp.by_hand_trials.torch_bucket_counts_rank": (2, (32, 0.01)),
     "ddp.by_hand_trials.comm_hook_rank": (2, (1,)),
+    "ddp.by_hand_arming.arming_rank": (2, ()),
     # notebook 07: what the global batch does to training
     "ddp.batch_size_runs.two_ways_rank": (2, (8, 4, 2, 0.1)),
     "ddp.batch_size_runs.gradient_draws_rank": (2, (torch.zeros(8), [1, 4], 3)),
@@ -289,6 +290,8 @@ EXEMPT = {
                                   "tests/test_sharding.py runs the two in turn",
     "debugging.failure_zoo.rendezvous_at": "makes its own process group (launch(init='none')) and computes "
                                  "nothing: no tensor, no module",
+    "debugging.hangs._started": "starts the fork server before a broken program's clock runs; no "
+                                "process group, no tensor",
 }
 
 

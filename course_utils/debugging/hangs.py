@@ -91,6 +91,9 @@ def run_broken(fn: Callable[..., Any], *args: Any, world_size: int = 2) -> Hang 
     Each rank keeps its Flight Recorder dump meanwhile (:func:`recording_flight`); they come back
     in the :class:`Hang`, with the stacks.
     """
+    if not fresh_starts(ZOO_BACKEND):  # the first launch of a process starts the fork server, which
+        # imports torch (seconds): not part of the program's allowance, so it happens before
+        launch(_started, world_size, backend=ZOO_BACKEND, init="none", timeout_s=120, echo=False)
     with tempfile.TemporaryDirectory(prefix="course-flight-") as folder:
         until = time.time() + hang_limit()  # dumps show the ranks as they hung, not as stopped
         try:
@@ -103,6 +106,10 @@ def run_broken(fn: Callable[..., Any], *args: Any, world_size: int = 2) -> Hang 
             return Hang(_without_recorder(err.stacks), read_flight_records(folder))
     print("it finished: no hang")
     return None
+
+
+def _started(rank: int, world_size: int) -> int:
+    return rank
 
 
 def _without_recorder(stacks: dict[int, list[str]]) -> dict[int, list[str]]:
