@@ -220,12 +220,22 @@ def test_assign_buckets_makes_as_many_buckets_as_torch_ddp():
     assert mine == ddp and len(set(mine)) >= 3, (mine, ddp)
 
 
+class _HalfUsed(nn.Module):
+    """Two layers, of which forward uses one."""
+
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = nn.Linear(3, 3), nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.used(x)
+
+
 def _unused_parameter_rank(rank, world_size):
     import torch.distributed as dist
 
-    model = nn.ModuleDict({"used": nn.Linear(3, 3), "unused": nn.Linear(3, 3)})
-    ddp_model = DDPByHand(model, bucket_cap_mb=1)
-    ddp_model.module["used"](torch.randn(2, 3)).sum().backward()
+    ddp_model = DDPByHand(_HalfUsed(), bucket_cap_mb=1)
+    ddp_model(torch.randn(2, 3)).sum().backward()
     try:
         ddp_model.finish_gradient_synchronization()
     except RuntimeError as err:

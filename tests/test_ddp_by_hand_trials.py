@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from course_utils.ddp.by_hand import DDPByHand
+from course_utils.ddp.by_hand_arming import ARMING_CASES, arming_rank
 from course_utils.ddp.by_hand_trials import TRIALS, trial_model, trial_rank
 from course_utils.distributed import launch
 
@@ -74,7 +75,7 @@ def test_a_parameter_left_out_is_an_error_in_both_ddp_at_the_next_forward(trials
     assert len(unused) == 4
     for ranks in unused.values():
         for r in ranks:
-            assert "did not get each of their gradients exactly once" in r["by_hand"]["error"]
+            assert "did not get each of its gradients exactly once" in r["by_hand"]["error"]
             assert "Expected to have finished reduction in the prior iteration" in r["torch_ddp"]["error"]
 
 
@@ -83,9 +84,11 @@ class _FillOrder(DDPByHand):
 
     def _gradient_ready(self, param):
         b = self.bucket_of[param]
+        self.ready.add(param)
         self.arrived[b] += 1
         if self.arrived[b] == len(self.buckets[b]):
             self._start_all_reduce(b)
+            self.next_bucket += 1  # here: how many have started
 
 
 def _fill_order_rank(rank, world_size):
@@ -210,3 +213,77 @@ def test_buffers_and_no_grad_forwards_follow_torch_ddps_rules():
             assert found["by hand", case] == found["torch DDP", case], case
         assert found["torch DDP", "no_sync forward, no_grad forward, backward"] is False
         assert found["torch DDP", "forward, no_grad forward in no_sync, backward"] is True
+
+
+
+def test_a_forward_arms_the_hooks_and_the_backward_that_completes_them_disarms_as_in_torch_ddp():
+    """DDP's reducer acts on a backward pass after a forward run with gradients outside no_sync
+    (whatever forwards follow it) and stops when that backward has started every bucket: a second
+    backward of the same graph is not synchronised. The wrapper's grads equal DDP's bit for bit;
+    where DDP finishes by itself at the end of the backward and the wrapper was not told to, the
+    wrapper raises instead of racing an all-reduce in flight."""
+    for found in launch(arming_rank, 2, echo=False, backend="gloo", timeout_s=120):
+        outcome = {}
+        for case in ARMING_CASES:
+            mine, theirs = found[case, "by hand"], found[case, "torch DDP"]
+            if "not finished between" in case:
+                assert theirs["error"] is None and not theirs["ranks equal"]
+                assert "before finish_gradient_synchronization()" in mine["error"], mine["error"]
+                continue
+            if "left out, then a forward" in case:  # both refuse the forward after an incomplete sync
+                assert "Expected to have finished reduction in the prior" in theirs["error"], theirs["error"]
+                assert "did not get each of its gradients" in mine["error"], mine["error"]
+                continue
+            if "left out" in case:  # both refuse: the same parameter reached twice in one sync
+                assert "mark a variable ready only once" in theirs["error"], theirs["error"]
+                assert "marked ready twice" in mine["error"], mine["error"]
+                continue
+            assert mine["error"] is None and theirs["error"] is None, case
+            assert mine["grads"].keys() == theirs["grads"].keys()
+            assert all(torch.equal(g, theirs["grads"][n]) for n, g in mine["grads"].items()), case
+            outcome[case] = mine["ranks equal"]
+            assert mine["ranks equal"] == theirs["ranks equal"], case
+        assert outcome == {"a forward, then one in no_sync, one backward of the second": True,
+                           "a forward in no_sync, then one outside, one backward of the first": True,
+                           "one forward, two backward passes of its graph, finished between": False}
+
+
+class _Mixed(torch.nn.Module):
+    """A float32 layer, a float64 one, a float32 head: one cap would hold them all."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8).double(), torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.b(torch.tanh(self.a(x)).double())).float())
+
+
+def _mixed_rank(rank, world_size):
+    import torch.nn.functional as F
+
+    from course_utils.devices import wrap_ddp
+
+    found = {}
+    for name in ("by hand", "torch DDP"):
+        torch.manual_seed(0)
+        model = _Mixed()
+        wrapped = DDPByHand(model, 1.0) if name == "by hand" else wrap_ddp(model, torch.device("cpu"),
+                                                                           bucket_cap_mb=1.0)
+        g = torch.Generator().manual_seed(rank)
+        F.mse_loss(wrapped(torch.randn(4, 8, generator=g)), torch.randn(4, 2, generator=g)).backward()
+        getattr(wrapped, "finish_gradient_synchronization", lambda: None)()
+        found[name] = {n: p.grad.clone() for n, p in model.named_parameters()}
+        if name == "by hand":
+            found["buckets"] = [[p.dtype for p in bucket] for bucket in wrapped.buckets]
+        wrapped = model = None
+    return found
+
+
+def test_gradients_of_two_dtypes_travel_in_buckets_of_their_own_as_in_ddp():
+    """One flat tensor per bucket: a float64 gradient in a float32 bucket would be rounded."""
+    for found in launch(_mixed_rank, 2, echo=False, backend="gloo", timeout_s=60):
+        assert found["buckets"] == [[torch.float32, torch.float32, torch.float32, torch.float32],
+                                    [torch.float64, torch.float64]]
+        for name, grad in found["by hand"].items():
+            assert grad.dtype == found["torch DDP"][name].dtype and torch.equal(grad, found["torch DDP"][name])

@@ -30,20 +30,23 @@ __all__ = ["assign_buckets", "ddp_construction_buckets", "fill_buckets"]
 def fill_buckets(parameters: Iterable[nn.Parameter], bucket_cap_mb: float | None) -> list[list[nn.Parameter]]:
     """``parameters``, in the order given, into buckets that each close once they reach
     ``bucket_cap_mb`` MiB (2**20 bytes, rounded down to whole bytes as DDP does). ``None``: a bucket
-    per parameter."""
+    per parameter. As in DDP, parameters of different dtypes or devices never share a bucket (one
+    flat tensor holds a bucket): each (dtype, device) fills a bucket of its own, and the buckets are
+    listed in the order of their first parameters."""
     cap_bytes = 0 if bucket_cap_mb is None else int(bucket_cap_mb * 2**20)  # whole bytes, as DDP counts
-    buckets: list[list[nn.Parameter]] = []
-    current: list[nn.Parameter] = []
-    size = 0
-    for param in parameters:
+    done: list[tuple[int, list[nn.Parameter]]] = []  # (position of the first parameter, bucket)
+    open_: dict[tuple, tuple[int, list[nn.Parameter], int]] = {}  # (dtype, device) -> first, bucket, bytes
+    for position, param in enumerate(parameters):
+        key = (param.dtype, param.device)
+        first, current, size = open_.pop(key, (position, [], 0))
         current.append(param)
         size += param.numel() * param.element_size()
         if size >= cap_bytes:
-            buckets.append(current)
-            current, size = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
+            done.append((first, current))
+        else:
+            open_[key] = (first, current, size)
+    done += [(first, current) for first, current, _ in open_.values()]
+    return [bucket for _, bucket in sorted(done, key=lambda pair: pair[0])]
 
 
 def assign_buckets(parameters: Iterable[nn.Parameter],
@@ -55,9 +58,9 @@ def assign_buckets(parameters: Iterable[nn.Parameter],
 
     A parameter always joins the current bucket; the bucket closes as soon as its size has reached
     the cap, so a bucket can pass the cap by its last parameter, and a parameter larger than the cap
-    closes the bucket it lands in. A parameter is never split. (An explicit ``bucket_cap_mb`` caps
-    DDP's first bucket too, in torch 2.13; DDP also keeps buckets of different dtypes or devices
-    apart.)
+    closes the bucket it lands in. A parameter is never split, and parameters of different dtypes
+    or devices never share a bucket. (An explicit ``bucket_cap_mb`` caps DDP's first bucket too, in
+    torch 2.13.)
     """
     return fill_buckets(reversed(list(parameters)), bucket_cap_mb)
 

@@ -125,25 +125,33 @@ class DDPByHand(nn.Module):
     (a broadcast) and fills the buckets again in that order, as DDP rebuilds its buckets after its
     first iteration (``rebuild_buckets=False`` keeps the first ones).
 
-    **Accumulation.** A forward run under ``with ddp_model.no_sync():`` makes the next backward's
-    hooks do nothing, and the gradients add up in ``.grad`` on each rank; the first backward after a
-    forward outside it all-reduces the sums (DDP's ``no_sync``, which also decides at the forward).
-    Two backward passes without ``no_sync`` are synchronised one after the other, as DDP does: a
-    forward that finds the previous step's all-reduces started and not yet finished finishes them
-    first.
+    **When the hooks act** (DDP's rules, from its reducer). A forward run with gradients outside
+    ``no_sync()`` *arms* the hooks; the backward pass that then reaches every parameter that trains
+    starts every bucket and *disarms* them. A hook that is not armed does nothing: under
+    ``with ddp_model.no_sync():`` a forward arms nothing and the gradients add up in ``.grad`` on
+    each rank; a forward under ``no_sync()`` after an armed one leaves it armed (its backward is
+    synchronised, as in DDP); a second backward pass of one graph (``retain_graph=True``) finds the
+    hooks disarmed and adds this rank's gradients to the mean, unsynchronised, as in DDP.
+    ``finish_gradient_synchronization()`` waits for the all-reduces and divides; torch's DDP does
+    that at the end of the backward pass by itself (a callback it queues on autograd's engine), so
+    here a forward that finds every bucket started finishes them too, and a backward pass that
+    reaches a parameter before the previous one's all-reduces were finished raises instead of
+    adding to a gradient whose all-reduce may still be in flight.
 
-    **Missing gradients.** A parameter that trains and gets no gradient in a backward pass
+    **Missing gradients.** A parameter that trains and gets no gradient in an armed backward pass
     (unused) leaves its bucket incomplete, and the buckets after it are never started:
-    ``finish_gradient_synchronization`` (or, without it, the next forward, where DDP raises)
-    raises ``RuntimeError`` instead of letting the ranks drift apart. DDP's
-    ``find_unused_parameters=True``, which marks such parameters ready, is not written here.
+    ``finish_gradient_synchronization()`` raises ``RuntimeError`` on that rank, and so does the next
+    forward run with gradients (where DDP raises) or a backward pass that reaches a parameter twice
+    (as DDP's "mark a variable ready only once"); a rank that did get every gradient waits in its
+    all-reduce until the one that raised has gone, and then fails too. DDP's ``find_unused_parameters=True``, which marks such parameters ready, is
+    not written here.
 
     ``broadcast_buffers`` (default True, as DDP): rank 0's buffers are sent to every rank before a
     forward that follows a synchronised forward run with gradients, as DDP sends them (BatchNorm's
-    running statistics); a forward under ``torch.no_grad()`` changes none of these decisions.
+    running statistics); a forward under ``torch.no_grad()`` arms nothing, and the forward after
+    it broadcasts nothing (DDP's ``require_forward_param_sync``).
     ``timeline`` (a :class:`Timeline`) records when each all-reduce starts, finishes and is waited
-    for. The parameters should share one dtype and device (DDP also separates buckets by dtype and
-    device).
+    for. Parameters of different dtypes or devices go in different buckets, as in DDP.
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None,
@@ -159,7 +167,7 @@ class DDPByHand(nn.Module):
         self.trainable = [p for p in module.parameters() if p.requires_grad]
         self.index_of = {param: i for i, param in enumerate(self.trainable)}
         self.require_sync = True  # False under no_sync()
-        self.sync_next_backward = True  # what the last forward decided: the hooks do nothing if False
+        self.armed = False  # the hooks act: set by a synchronised forward, cleared by its backward
         self.buffers_follow = True  # whether the next forward starts with rank 0's buffers
         self.arrival: list[int] | None = [] if rebuild_buckets else None  # the first step's order
         self._set_buckets(assign_buckets(self.trainable, bucket_cap_mb))
@@ -178,30 +186,35 @@ class DDPByHand(nn.Module):
     def _reset(self) -> None:
         self.arrived = [0] * len(self.buckets)  # gradients ready in each bucket, this step
         self.next_bucket = 0  # the next bucket to start: buckets start in order
+        self.ready: set[nn.Parameter] = set()  # the parameters marked ready since the last finish
         self.in_flight: list[tuple[int, torch.Tensor, Any]] = []  # (bucket, tensor, handle)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if any(self.arrived):  # the last backward's gradients were never synchronised
+        grad = torch.is_grad_enabled()
+        synced = grad and self.require_sync  # a forward under no_grad or no_sync arms nothing
+        if self.ready and (grad or self.next_bucket == len(self.buckets)):
+            # every bucket started: wait for them now (DDP waited at the end of that backward);
+            # some never started: a forward with gradients raises here, as DDP's does
             self.finish_gradient_synchronization()
-        grad = torch.is_grad_enabled()  # a forward under no_grad leaves DDP's decisions as they were
-        if grad:
-            self.sync_next_backward = self.require_sync  # decided here, at forward, as DDP decides it
-        if grad and self.arrival and self.require_sync:
-            self._rebuild_buckets()
+        if grad and self.arrival and len(self.arrival) == len(self.trainable):
+            self._rebuild_buckets()  # as DDP: at the first forward with gradients after a full step
         if self.broadcast_buffers and self.buffers_follow:
             with torch.no_grad():
                 for buffer in self.module.buffers():
                     dist.broadcast(buffer, src=0)
         output = self.module(*args, **kwargs)
+        if synced:
+            self.armed = True  # the next backward pass synchronises (DDP's prepare_for_backward)
         # as DDP: the buffers are broadcast before a forward only if the one before it was a
         # synchronised forward with gradients (under no_sync, each rank's buffers stay its own)
-        self.buffers_follow = grad and self.require_sync
+        self.buffers_follow = synced
         return output
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """A forward run inside makes its backward pass all-reduce nothing: the gradients add up in
-        ``.grad`` (as DDP's ``no_sync``, the forward decides, wherever the backward runs)."""
+        """A forward run inside arms no hook: unless a synchronised forward armed them before, its
+        backward pass all-reduces nothing and the gradients add up in ``.grad`` (DDP's ``no_sync``:
+        the forwards decide, wherever the backward runs)."""
         before, self.require_sync = self.require_sync, False
         try:
             yield
@@ -210,13 +223,20 @@ class DDPByHand(nn.Module):
 
     def _gradient_ready(self, param: nn.Parameter) -> None:
         """The hook: ``param.grad`` is complete. Start every bucket whose turn has come."""
-        if not self.sync_next_backward:
+        if not self.armed:
+            if self.ready:  # every bucket started, not finished: .grad may be in flight
+                raise RuntimeError(
+                    f"a backward pass reached {self._name(param)} before "
+                    "finish_gradient_synchronization() (or a forward) finished the all-reduces of "
+                    "the one before it: call it after each synchronised backward (torch's DDP "
+                    "finishes them at the end of that backward by itself)")
             return
+        if param in self.ready:
+            raise RuntimeError(f"{self._name(param)} was marked ready twice in one synchronisation: "
+                               "a backward pass left a parameter out and the next reached one again "
+                               "(DDP: 'Expected to mark a variable ready only once')")
+        self.ready.add(param)
         b = self.bucket_of[param]
-        if self.arrived[b] == len(self.buckets[b]):
-            raise RuntimeError("a second backward pass reached a bucket before "
-                               "finish_gradient_synchronization() (or a forward) ended the first: "
-                               "accumulate under no_sync(), or synchronise after each backward")
         self.arrived[b] += 1
         if self.arrival is not None:
             self.arrival.append(self.index_of[param])
@@ -224,6 +244,11 @@ class DDPByHand(nn.Module):
                 self.arrived[self.next_bucket] == len(self.buckets[self.next_bucket]):
             self._start_all_reduce(self.next_bucket)
             self.next_bucket += 1
+        if self.next_bucket == len(self.buckets):
+            self.armed = False  # every bucket started: this backward's work is done (DDP's finalize)
+
+    def _name(self, param: nn.Parameter) -> str:
+        return next(n for n, p in self.module.named_parameters() if p is param)
 
     def _start_all_reduce(self, b: int) -> None:
         bucket = self.buckets[b]
@@ -248,9 +273,9 @@ class DDPByHand(nn.Module):
         """After ``backward()``, before ``optimizer.step()``: wait for every all-reduce, in the
         order they started, and leave each ``.grad`` holding the mean over the ranks (after a
         backward under ``no_sync()``, nothing to do)."""
-        missing = [b for b, bucket in enumerate(self.buckets) if self.arrived[b] != len(bucket)]
-        if not any(self.arrived):
+        if not self.ready:
             return  # no synchronised backward since the last call
+        missing = list(range(self.next_bucket, len(self.buckets)))  # never started
         for b, flat, handle in self.in_flight:
             self.timeline.mark("wait_start", b)
             handle.wait()
@@ -262,11 +287,12 @@ class DDPByHand(nn.Module):
                     param.grad.copy_(mean.view_as(param))
         self._reset()
         if missing:
-            names = {p: n for n, p in self.module.named_parameters()}
+            self.armed = False
             if self.arrival is not None and len(self.arrival) < len(self.trainable):
                 self.arrival = []  # record the order again in the next complete step
             raise RuntimeError(
-                f"buckets {missing} did not get each of their gradients exactly once in this backward "
-                f"pass (first: {[names[p] for p in self.buckets[missing[0]]]}), so they were not "
-                "all-reduced and the ranks would drift apart: every parameter that trains must take "
-                "part in the loss, and finish_gradient_synchronization() must follow every backward()")
+                f"bucket {missing[0]} did not get each of its gradients exactly once in this backward "
+                f"pass (it holds {[self._name(p) for p in self.buckets[missing[0]]]}), so buckets "
+                f"{missing} were never all-reduced and the ranks would drift apart: every parameter "
+                "that trains must take part in the loss, and finish_gradient_synchronization() must "
+                "follow every backward()")

@@ -180,9 +180,11 @@ class FillOrderDDP(DDPByHand):
 
     def _gradient_ready(self, param: nn.Parameter) -> None:
         b = self.bucket_of[param]
+        self.ready.add(param)
         self.arrived[b] += 1
         if self.arrived[b] == len(self.buckets[b]):
             self._start_all_reduce(b)
+            self.next_bucket += 1  # here: how many have started
 
 
 def routed_orders_rank(rank: int, world_size: int) -> dict[str, dict[str, Any]]:

@@ -1,9 +1,10 @@
 """ZeRO by hand: data parallelism whose model state is split over the ranks (notebook 10).
 
 ``ZeroByHand(model, stage)`` trains ``model`` on the current process group at ZeRO stage 0 (plain
-data parallelism, what DDP does), 1, 2 or 3. Every module that owns parameters is one *unit*: its
-parameters become views of one flat buffer, padded to a multiple of the world size N, and rank r
-owns the r-th of N equal slices of each buffer (its *shard*). Stage 0 does not pad.
+data parallelism: DDP's arithmetic, an all-reduce of the gradients and a divide), 1, 2 or 3. Every
+module that owns parameters that train is one *unit*: those parameters become views of one flat
+buffer, padded to a multiple of the world size N, and rank r owns the r-th of N equal slices of
+each buffer (its *shard*). Stage 0 does not pad.
 
 - stage 0: all-reduce the flat gradient; every rank runs the optimizer on everything.
 - stage 1: the optimizer (and so its state) holds only the shards. The gradient is
@@ -14,8 +15,17 @@ owns the r-th of N equal slices of each buffer (its *shard*). Stage 0 does not p
 - stage 3: the flat buffers are freed (their storage resized to 0) and all-gathered just in time:
   before the unit's forward and again before its backward; freed after each.
 
-Every collective goes through ``CommLog``, which records the bytes this rank sends in a ring
-implementation of that collective, counted from the tensors passed to it.
+Every collective of a training step goes through ``CommLog``, which records the bytes this rank
+sends in a ring implementation of that collective, counted from the tensors passed to it.
+
+What it shares with DDP: when it is built, every rank takes rank 0's parameters and buffers; before
+a forward that follows a forward run with gradients, rank 0's buffers again (BatchNorm's running
+statistics; DDP's ``broadcast_buffers=True``; FSDP does neither); gradients from several backward
+passes before a step add up; a parameter that trains and got no gradient by ``step()`` is an error
+(DDP raises at the next forward), never a silent skip. A frozen parameter (``requires_grad=False``)
+is in no unit: every rank keeps it whole. A parameter two modules share (a tied weight) belongs to
+the unit of the first module that owns it; stage 3, which frees each unit after its own forward,
+refuses one (FSDP wants a shared parameter in the unit of a module above both).
 """
 
 from __future__ import annotations
@@ -92,9 +102,11 @@ class CommLog:
 class _Unit:
     """One module's parameters as views of a flat, padded buffer, and this rank's shard of it."""
 
-    def __init__(self, module: nn.Module, world_size: int, rank: int, stage: int) -> None:
+    def __init__(self, module: nn.Module, world_size: int, rank: int, stage: int,
+                 taken: set[nn.Parameter]) -> None:
         self.module = module
-        self.params = list(module.parameters(recurse=False))
+        self.params = [p for p in module.parameters(recurse=False) if p.requires_grad and p not in taken]
+        taken.update(self.params)
         self.numel = sum(p.numel() for p in self.params)
         self.size = shard_numel(self.numel, world_size)
         first = self.params[0]  # stage 0 shards nothing, so it pads nothing
@@ -110,7 +122,7 @@ class _Unit:
         mine = self.flat[lo:lo + self.size]
         # stages 1-2: the shard is a view (the flat buffer stays); stage 3: its own copy
         self.shard = nn.Parameter(mine.clone() if stage == 3 else mine)
-        self.lo, self.pending = lo, 0
+        self.lo, self.pending, self.reduced = lo, 0, False
 
     def flat_grad(self) -> torch.Tensor:
         """The unit's gradient as one padded buffer; its parameters' ``.grad`` become views of it."""
@@ -142,10 +154,18 @@ class ZeroByHand:
         self.model, self.stage = model, stage
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         self.comm = comm if comm is not None else CommLog()
-        self.units = [_Unit(m, self.world_size, self.rank, stage) for m in model.modules()
-                      if next(m.parameters(recurse=False), None) is not None]
+        with torch.no_grad():  # every rank starts from rank 0's model, as under DDP
+            for tensor in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(tensor, src=0)
+        self._check_shared(model)
+        taken: set[nn.Parameter] = set()
+        self.units = [_Unit(m, self.world_size, self.rank, stage, taken) for m in model.modules()
+                      if any(p.requires_grad and p not in taken for p in m.parameters(recurse=False))]
         params = [p for u in self.units for p in u.params] if stage == 0 else [u.shard for u in self.units]
         self.optimizer = optimizer_cls(params, **optimizer_kwargs)
+        self.buffers_follow = True  # DDP's rule: rank 0's buffers before a forward after one with grads
+        model.register_forward_pre_hook(lambda m, a: self._broadcast_buffers())
+        model.register_forward_hook(lambda m, a, out: setattr(self, "buffers_follow", torch.is_grad_enabled()))
         if stage >= 2:
             for unit in self.units:
                 for p in unit.params:
@@ -155,6 +175,22 @@ class ZeroByHand:
                 unit.module.register_forward_pre_hook(lambda m, a, u=unit: self._unshard(u))
                 unit.module.register_forward_hook(lambda m, a, out, u=unit: self._after_forward(u, out))
                 self._reshard(unit)
+
+    def _check_shared(self, model: nn.Module) -> None:
+        owners: dict[nn.Parameter, str] = {}
+        for name, module in model.named_modules():
+            for p in module.parameters(recurse=False):
+                if self.stage == 3 and p.requires_grad and p in owners:
+                    raise ValueError(f"stage 3 by hand frees each module's parameters after its own "
+                                     f"forward, and modules {owners[p]!r} and {name!r} share one (a "
+                                     "tied weight): use stages 0-2, or FSDP with the shared parameter "
+                                     "in the unit of a module above both")
+                owners.setdefault(p, name)
+
+    def _broadcast_buffers(self) -> None:
+        for buffer in self.model.buffers() if self.buffers_follow else ():
+            self.comm.count("broadcast", buffer)
+            dist.broadcast(buffer.detach(), src=0)
 
     # region: stage3
     def _unshard(self, unit: _Unit) -> None:
@@ -181,6 +217,7 @@ class ZeroByHand:
         if self.stage == 0:
             self.comm.all_reduce(grad)
             grad /= self.world_size
+            unit.reduced = True
             return
         mine = torch.empty_like(unit.shard)
         self.comm.reduce_scatter(mine, grad)
@@ -188,10 +225,11 @@ class ZeroByHand:
         if self.stage == 1:  # the full gradient stays (stage 1 frees nothing); our slice is summed
             grad[unit.lo:unit.lo + unit.size].copy_(mine)
             unit.shard.grad = grad[unit.lo:unit.lo + unit.size]
-        else:  # stages 2 and 3: only the shard of the gradient lives on
-            unit.shard.grad = mine
+        else:  # stages 2 and 3: only the shard of the gradient lives on (and adds up over backwards)
+            unit.shard.grad = mine if unit.shard.grad is None else unit.shard.grad + mine
             for p in unit.params:
                 p.grad = None
+        unit.reduced = True
     # endregion
 
     def _grad_ready(self, unit: _Unit) -> None:
@@ -206,10 +244,18 @@ class ZeroByHand:
     # region: step
     def step(self) -> None:
         """Reduce the gradients (stages 0-1; 2-3 did during backward), step, gather the shards."""
+        names = {p: n for n, p in self.model.named_parameters()}
+        missing = [names[p] for u in self.units if self.stage <= 1 or not u.reduced or u.pending
+                   for p in u.params if p.grad is None]  # stages 2-3: a unit reduced in backward
+        if missing:
+            raise RuntimeError(f"{missing} got no gradient before step() on this rank: every parameter "
+                               "that trains must take part in the loss (DDP raises at the next forward)")
         if self.stage <= 1:
             for unit in self.units:
                 self._reduce(unit)
         self.optimizer.step()
+        for unit in self.units:
+            unit.reduced = False
         if self.stage in (1, 2):
             for unit in self.units:
                 with torch.no_grad():
@@ -218,19 +264,18 @@ class ZeroByHand:
 
     def zero_grad(self) -> None:
         for unit in self.units:
-            unit.shard.grad = None
+            unit.shard.grad, unit.pending = None, 0
             for p in unit.params:
                 p.grad = None
 
     def full_parameters(self) -> list[torch.Tensor]:
-        """Every parameter, whole, on every rank (stage 3 gathers them for the occasion)."""
-        out = []
-        for unit in self.units:
-            if self.stage == 3:
-                self._unshard(unit)
-            out += [p.detach().clone() for p in unit.params]
-            if self.stage == 3:
-                self._reshard(unit)
+        """Every parameter of the model, whole, in its order, on every rank (stage 3 gathers them
+        for the occasion)."""
+        for unit in self.units if self.stage == 3 else ():
+            self._unshard(unit)
+        out = [p.detach().clone() for p in self.model.parameters()]
+        for unit in self.units if self.stage == 3 else ():
+            self._reshard(unit)
         return out
 
     def held_bytes(self) -> dict[str, int]:

@@ -1,0 +1,100 @@
+"""ZeRO by hand (notebook 10) against torch's DDP where a nearly-right version parts from it: ranks
+that start from different seeds, BatchNorm's buffers, a frozen and a tied weight, two backward
+passes before a step, and a parameter that gets no gradient."""
+
+import pytest
+import torch
+from torch import nn
+
+from course_utils.distributed import launch
+from course_utils.sharding.zero import STAGES, ZeroByHand
+
+CASES = ("seeded differently, batchnorm, frozen", "tied", "two backward passes", "unused")
+
+
+class _Net(nn.Module):
+    def __init__(self, tied: bool, spare: bool):
+        super().__init__()
+        self.first, self.norm = nn.Linear(6, 8), nn.BatchNorm1d(8)
+        self.middle, self.last, self.head = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+        self.first.bias.requires_grad_(False)  # frozen
+        if tied:
+            self.last.weight = self.middle.weight
+        self.spare = nn.Linear(8, 8) if spare else None  # never used in forward
+
+    def forward(self, x):
+        h = torch.tanh(self.middle(torch.tanh(self.norm(self.first(x)))))
+        return self.head(torch.tanh(self.last(h)))
+
+
+def _train(rank, case, stage):
+    """Train under ZeRO ``stage`` (None: torch's DDP): the parameters and buffers, or the error."""
+    import torch.distributed as dist
+
+    from course_utils.devices import wrap_ddp
+
+    torch.manual_seed(rank)  # every rank starts different: the wrapper must take rank 0's
+    model = _Net(tied=case == "tied", spare=case == "unused")
+    if stage is None:
+        wrapped = wrap_ddp(model, torch.device("cpu"))
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    else:
+        try:
+            zero = ZeroByHand(model, stage, lr=1e-2)
+        except ValueError as err:
+            return {"error": str(err)}
+        wrapped, optimizer = model, zero
+    micros = 2 if case == "two backward passes" else 1
+    try:
+        for step in range(3):
+            optimizer.zero_grad()
+            for micro in range(micros):
+                g = torch.Generator().manual_seed(100 * step + 10 * micro + rank)
+                x, y = torch.randn(5, 6, generator=g) * (rank + 1), torch.randn(5, 3, generator=g)
+                nn.functional.mse_loss(wrapped(x), y).backward()
+            optimizer.step()
+    except RuntimeError as err:
+        return {"error": str(err)}
+    params = zero.full_parameters() if stage is not None else [p.detach().clone() for p in model.parameters()]
+    out = {"error": None, "params": params, "buffers": [b.clone() for b in model.buffers()]}
+    dist.barrier()
+    return out
+
+
+def _every_case(rank, world_size):
+    return {(case, stage): _train(rank, case, stage) for case in CASES for stage in (None, *STAGES)
+            if not (case == "unused" and stage is None)}  # DDP would raise at the next forward
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {n: launch(_every_case, n, echo=False, backend="gloo", timeout_s=240) for n in (2, 3)}
+
+
+def test_each_stage_trains_as_ddp_from_ranks_seeded_differently_with_buffers_frozen_tied_and_accumulated(runs):
+    for n, per_rank in runs.items():
+        for case in CASES[:3]:
+            ddp = per_rank[0][case, None]
+            for stage in STAGES:
+                mine = per_rank[0][case, stage]
+                if case == "tied" and stage == 3:
+                    assert "share one (a tied weight)" in mine["error"], mine["error"]
+                    continue
+                assert mine["error"] is None, (n, case, stage, mine["error"])
+                assert len(mine["params"]) == len(ddp["params"])
+                for a, b in zip(mine["params"], ddp["params"], strict=True):
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{n} {case} {stage}")
+                for ranks in per_rank:  # BatchNorm's buffers: rank 0's before each forward, then its own
+                    for a, b in zip(ranks[case, stage]["buffers"], ranks[case, None]["buffers"], strict=True):
+                        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{n} {case} {stage}")
+                for other in per_rank[1:]:  # every rank holds the same parameters, bit for bit
+                    assert all(torch.equal(a, b) for a, b in zip(other[case, stage]["params"], mine["params"]))
+                assert not all(torch.equal(a, b) for a, b in zip(per_rank[1][case, None]["buffers"],
+                                                                 ddp["buffers"]))  # the rows differ
+
+
+def test_a_parameter_without_a_gradient_is_an_error_at_every_stage(runs):
+    for per_rank in runs.values():
+        for stage in STAGES:
+            for ranks in per_rank:
+                assert "['spare.weight', 'spare.bias'] got no gradient" in ranks["unused", stage]["error"]
