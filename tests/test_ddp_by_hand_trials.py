@@ -253,7 +253,8 @@ class _Mixed(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.a, self.b, self.head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8).double(), torch.nn.Linear(8, 2)
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8).double()
+        self.head = torch.nn.Linear(8, 2)
 
     def forward(self, x):
         return self.head(torch.tanh(self.b(torch.tanh(self.a(x)).double())).float())
@@ -286,4 +287,5 @@ def test_gradients_of_two_dtypes_travel_in_buckets_of_their_own_as_in_ddp():
         assert found["buckets"] == [[torch.float32, torch.float32, torch.float32, torch.float32],
                                     [torch.float64, torch.float64]]
         for name, grad in found["by hand"].items():
-            assert grad.dtype == found["torch DDP"][name].dtype and torch.equal(grad, found["torch DDP"][name])
+            theirs = found["torch DDP"][name]
+            assert grad.dtype == theirs.dtype and torch.equal(grad, theirs)

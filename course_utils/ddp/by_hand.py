@@ -143,8 +143,8 @@ class DDPByHand(nn.Module):
     ``finish_gradient_synchronization()`` raises ``RuntimeError`` on that rank, and so does the next
     forward run with gradients (where DDP raises) or a backward pass that reaches a parameter twice
     (as DDP's "mark a variable ready only once"); a rank that did get every gradient waits in its
-    all-reduce until the one that raised has gone, and then fails too. DDP's ``find_unused_parameters=True``, which marks such parameters ready, is
-    not written here.
+    all-reduce until the one that raised has gone, and then fails too. DDP's
+    ``find_unused_parameters=True``, which marks such parameters ready, is not written here.
 
     ``broadcast_buffers`` (default True, as DDP): rank 0's buffers are sent to every rank before a
     forward that follows a synchronised forward run with gradients, as DDP sends them (BatchNorm's

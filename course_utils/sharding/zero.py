@@ -165,7 +165,8 @@ class ZeroByHand:
         self.optimizer = optimizer_cls(params, **optimizer_kwargs)
         self.buffers_follow = True  # DDP's rule: rank 0's buffers before a forward after one with grads
         model.register_forward_pre_hook(lambda m, a: self._broadcast_buffers())
-        model.register_forward_hook(lambda m, a, out: setattr(self, "buffers_follow", torch.is_grad_enabled()))
+        model.register_forward_hook(lambda m, a, out: setattr(self, "buffers_follow",
+                                                              torch.is_grad_enabled()))
         if stage >= 2:
             for unit in self.units:
                 for p in unit.params:
