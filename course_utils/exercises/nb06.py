@@ -53,6 +53,8 @@ def _never_past(params: list, cap: float) -> int:
 class _Sized:
     """A parameter of ``n`` one-byte values: what the rule counts when it counts values."""
 
+    dtype, device = "one byte", "anywhere"  # all alike: the rule keeps dtypes and devices apart
+
     def __init__(self, n: int) -> None:
         self.n = n
 
