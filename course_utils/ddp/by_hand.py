@@ -121,9 +121,10 @@ class DDPByHand(nn.Module):
 
     **Rebuilt once, in the order the gradients arrived.** The first buckets assume that backward
     produces the gradients in reverse registration order. The first synchronised step records the
-    order in which they really arrived; before the next forward, the wrapper takes rank 0's order
-    (a broadcast) and fills the buckets again in that order, as DDP rebuilds its buckets after its
-    first iteration (``rebuild_buckets=False`` keeps the first ones).
+    order in which they really arrived; at the next forward run with gradients (``no_sync()`` or
+    not, as in DDP), the wrapper takes rank 0's order (a broadcast) and fills the buckets again in
+    that order, as DDP rebuilds its buckets after its first iteration (``rebuild_buckets=False``
+    keeps the first ones).
 
     **When the hooks act** (DDP's rules, from its reducer). A forward run with gradients outside
     ``no_sync()`` *arms* the hooks; the backward pass that then reaches every parameter that trains
