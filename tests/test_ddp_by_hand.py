@@ -368,3 +368,69 @@ def _watched(rank, world_size):
 def test_the_exercise_watcher_counts_all_reduces_and_their_waits_and_puts_the_classes_back():
     for reduced, waited_before, restored in launch(_watched, 2, echo=False, backend="gloo"):
         assert reduced == [(3, 1), (5, 1)] and waited_before == 0 and restored
+
+
+def _contract_rank(rank, world_size):
+    """What the wrapper does where its contract is at stake: a step before finish (refused, for a
+    bucket per parameter and for buckets), a model wrapped again after an armed forward (the old
+    wrapper's hooks are gone), and broadcast_buffers=False (buffers left as each rank has them, as
+    DDP leaves them)."""
+    import torch.distributed as dist
+
+    from course_utils.devices import wrap_ddp
+
+    found = {}
+    for cap in (None, 1.0):
+        model = _HalfUsed()
+        model.unused.requires_grad_(False)
+        wrapped = DDPByHand(model, bucket_cap_mb=cap)
+        optimizer = torch.optim.SGD(model.used.parameters(), lr=0.1)
+        wrapped(torch.randn(2, 3) + rank).sum().backward()
+        try:
+            optimizer.step()
+            found["step before finish", cap] = None
+        except RuntimeError as err:
+            found["step before finish", cap] = str(err)
+        wrapped.finish_gradient_synchronization()
+        optimizer.step()  # now it may
+    grads = {}
+    for name in ("by hand", "torch DDP"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+        with torch.no_grad():
+            model[1].running_mean.fill_(float(rank))
+        if name == "by hand":
+            first = DDPByHand(model, broadcast_buffers=False)
+            model.eval()  # BatchNorm's buffers stay as they are
+            first(torch.randn(4, 3))  # a forward with gradients arms the first wrapper's hooks
+            model.train()
+            first = None  # dropped without a backward
+            first = None
+            wrapped = DDPByHand(model, broadcast_buffers=False)
+        else:
+            wrapped = wrap_ddp(model, torch.device("cpu"), broadcast_buffers=False)
+        for step in range(2):
+            model.zero_grad()
+            x = torch.randn(4, 3, generator=torch.Generator().manual_seed(10 * step + rank))
+            wrapped(x).square().sum().backward()
+            getattr(wrapped, "finish_gradient_synchronization", lambda: None)()
+        grads[name] = ([p.grad.clone() for p in model.parameters()], model[1].running_mean.clone())
+        wrapped = model = None
+    found["grads"] = grads
+    dist.barrier()
+    return found
+
+
+def test_a_step_before_finish_is_refused_and_a_second_wrapper_replaces_the_first():
+    for found in launch(_contract_rank, 2, echo=False, backend="gloo", timeout_s=120):
+        for cap in (None, 1.0):
+            refused = found["step before finish", cap]
+            assert "optimizer.step() before finish_gradient_synchronization()" in refused
+        (mine, my_mean), (theirs, their_mean) = found["grads"]["by hand"], found["grads"]["torch DDP"]
+        assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
+        assert torch.equal(my_mean, their_mean)  # each rank's own buffers, as DDP leaves them
+
+
+def test_sparse_gradients_are_refused_with_a_reason():
+    with pytest.raises(ValueError, match="sparse gradients"):
+        DDPByHand(nn.Embedding(4, 2, sparse=True))

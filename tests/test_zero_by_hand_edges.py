@@ -99,3 +99,108 @@ def test_a_parameter_without_a_gradient_is_an_error_at_every_stage(runs):
         for stage in STAGES:
             for ranks in per_rank:
                 assert "['spare.weight', 'spare.bias'] got no gradient" in ranks["unused", stage]["error"]
+
+
+class _Routed(nn.Module):
+    """Two layers of the same shape, run in an order that depends on the rank, then a head."""
+
+    def __init__(self, swap: bool):
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+        self.swap = swap
+
+    def forward(self, x):
+        first, second = (self.b, self.a) if self.swap else (self.a, self.b)
+        return self.head(torch.tanh(second(torch.tanh(first(x)))))
+
+
+def _order_and_misuse(rank, world_size):
+    """Stages 2-3 with a rank-dependent layer order (against DDP); a stage-3 parameter read between
+    steps; a unit whose parameters are used by different micro-batches; stage 1 without zero_grad."""
+    import torch.distributed as dist
+
+    from course_utils.devices import wrap_ddp
+
+    found = {}
+    for stage in (None, 2, 3):
+        torch.manual_seed(0)
+        model = _Routed(swap=rank % 2 == 1)
+        x, y = torch.randn(4, 6) + rank, torch.randn(4, 3)
+        try:
+            if stage is None:
+                wrapped = wrap_ddp(model, torch.device("cpu"))
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                nn.functional.mse_loss(wrapped(x), y).backward()
+                optimizer.step()
+                found["routed", stage] = [p.detach().clone() for p in model.parameters()]
+                wrapped = None
+            else:
+                zero = ZeroByHand(model, stage, torch.optim.SGD, lr=0.1)
+                nn.functional.mse_loss(model(x), y).backward()
+                zero.step()
+                found["routed", stage] = zero.full_parameters()
+        except RuntimeError as err:
+            found["routed", stage] = str(err)
+        dist.barrier()
+    model = _Net(tied=False, spare=False)
+    zero = ZeroByHand(model, 3)
+    nn.functional.mse_loss(model(torch.randn(5, 6)), torch.zeros(5, 3)).backward()
+    zero.step()
+    found["read between steps"] = model.head.weight.shape  # a stage-3 parameter, read: harmless
+    try:
+        model.state_dict()
+    except RuntimeError as err:
+        found["state_dict at stage 3"] = str(err)
+    for stage in (2, 3):
+        model = _Net(tied=False, spare=False)
+        zero = ZeroByHand(model, stage)
+        try:
+            for micro in range(2):  # the first micro-batch leaves out `last`'s bias (stage 2) or all of
+                h = torch.tanh(model.middle(torch.tanh(model.norm(model.first(torch.randn(5, 6))))))
+                if micro == 1:  # `last` (stage 3 gathers a module's parameters for its own forward only)
+                    h = model.last(h)
+                elif stage == 2:
+                    h = nn.functional.linear(h, model.last.weight)
+                model.head(h).square().mean().backward()
+            found["partial", stage] = None
+        except RuntimeError as err:
+            found["partial", stage] = str(err)
+    model = _Net(tied=False, spare=False)
+    zero = ZeroByHand(model, 1)
+    try:
+        for _ in range(2):  # no zero_grad between the steps
+            model(torch.randn(5, 6)).square().mean().backward()
+            zero.step()
+        found["stage 1 without zero_grad"] = None
+    except RuntimeError as err:
+        found["stage 1 without zero_grad"] = str(err)
+    return found
+
+
+def test_stages_keep_one_order_refuse_what_they_cannot_follow_and_never_read_freed_memory():
+    for found in launch(_order_and_misuse, 2, echo=False, backend="gloo", timeout_s=120):
+        ddp = found["routed", None]
+        assert all(torch.equal(a, b) for a, b in zip(found["routed", 2], ddp, strict=True))  # bitwise
+        assert "their modules run in different orders" in found["routed", 3]
+        assert found["read between steps"] == (0,)  # an empty placeholder, not freed memory
+        assert "take full_parameters()" in found["state_dict at stage 3"]
+        assert "['last.bias'] got no gradient in this backward pass" in found["partial", 2]
+        assert "['last.weight', 'last.bias'] got no gradient in this backward pass" in found["partial", 3]
+        assert "call zero_grad() before each step" in found["stage 1 without zero_grad"]
+
+
+def test_a_unit_of_two_dtypes_is_refused_with_a_reason():
+    def build():
+        model = nn.Linear(3, 3)
+        model.bias = nn.Parameter(model.bias.detach().double())
+        return model
+
+    def rank_fn(rank, world_size):
+        try:
+            ZeroByHand(build(), 1)
+        except ValueError as err:
+            return str(err)
+        return None
+
+    for message in launch(rank_fn, 2, echo=False, backend="gloo", timeout_s=60):
+        assert "differ in dtype or device" in message

@@ -31,8 +31,9 @@ def fill_buckets(parameters: Iterable[nn.Parameter], bucket_cap_mb: float | None
     """``parameters``, in the order given, into buckets that each close once they reach
     ``bucket_cap_mb`` MiB (2**20 bytes, rounded down to whole bytes as DDP does). ``None``: a bucket
     per parameter. As in DDP, parameters of different dtypes or devices never share a bucket (one
-    flat tensor holds a bucket): each (dtype, device) fills a bucket of its own, and the buckets are
-    listed in the order of their first parameters."""
+    flat tensor holds a bucket): each (dtype, device) fills a bucket of its own. The buckets are
+    listed in the order of their first parameters (DDP may list buckets of different dtypes in
+    another order; they hold the same parameters and sum to the same values)."""
     cap_bytes = 0 if bucket_cap_mb is None else int(bucket_cap_mb * 2**20)  # whole bytes, as DDP counts
     done: list[tuple[int, list[nn.Parameter]]] = []  # (position of the first parameter, bucket)
     open_: dict[tuple, tuple[int, list[nn.Parameter], int]] = {}  # (dtype, device) -> first, bucket, bytes

@@ -19,59 +19,44 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import time
+import weakref
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .buckets import assign_buckets, fill_buckets
+from .timeline import Event, Timeline
 
 __all__ = ["DDPByHand", "Event", "Timeline", "assign_buckets", "average_gradients",
            "broadcast_from_rank_0"]
 
 
-class Event(NamedTuple):
-    """One moment on a rank's timeline: ``what`` happened to bucket ``index`` at ``t`` seconds."""
-
-    what: str  # backward_start, backward_end, all_reduce_start, all_reduce_done, wait_start, wait_end
-    index: int | None
-    t: float  # time.perf_counter(): one clock for every process of this machine
-
-
-class Timeline:
-    """The events of one rank, in the order they happened (with ``record=False``, none are kept).
-
-    The training loop marks ``backward_start`` and ``backward_end``; the versions mark, per
-    all-reduce, when it was started, when the backend finished it (``all_reduce_done``: on gloo the
-    moment its thread is done; on NCCL, when the work was queued on the GPU's stream, not when the
-    GPU ended it) and when the training loop waited for it (``wait_start``, ``wait_end``).
-    """
-
-    def __init__(self, record: bool = True) -> None:
-        self.record = record
-        self.events: list[Event] = []
-
-    def mark(self, what: str, index: int | None = None) -> None:
-        if self.record:
-            self.events.append(Event(what, index, time.perf_counter()))
-
-    def started(self, handle: Any, index: int) -> None:
-        """An asynchronous all-reduce of bucket ``index`` was just started: mark it, and mark it
-        done when the backend completes it."""
-        self.mark("all_reduce_start", index)
-        if self.record:
-            handle.get_future().then(lambda _: self.mark("all_reduce_done", index))
-
-
-def broadcast_from_rank_0(module: nn.Module) -> None:
-    """Every rank takes rank 0's parameters and buffers, as DDP does when it is built: ranks that
-    were seeded differently start equal."""
+def broadcast_from_rank_0(module: nn.Module, buffers: bool = True) -> None:
+    """Every rank takes rank 0's parameters and (unless ``buffers=False``, as DDP with
+    ``broadcast_buffers=False``) buffers, as DDP does when it is built: ranks that were seeded
+    differently start equal."""
     with torch.no_grad():
-        for tensor in itertools.chain(module.parameters(), module.buffers()):
+        for tensor in itertools.chain(module.parameters(), module.buffers() if buffers else ()):
             dist.broadcast(tensor, src=0)
+
+
+#: the wrappers alive in this process: an optimizer's step checks that none of them has all-reduces
+#: of its parameters unfinished (the hook is registered once, with the first wrapper)
+_WRAPPERS: weakref.WeakSet = weakref.WeakSet()
+_STEP_HOOK: list = []
+
+
+def _no_step_before_finish(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    stepped = {p for group in optimizer.param_groups for p in group["params"]}
+    for wrapper in list(_WRAPPERS):
+        if wrapper.ready and not stepped.isdisjoint(wrapper.index_of):
+            raise RuntimeError("optimizer.step() before finish_gradient_synchronization(): the last "
+                               "backward's all-reduces are not finished, so .grad is not yet the "
+                               "mean over the ranks (torch's DDP finishes them at the end of backward)")
 
 
 def average_gradients(model: nn.Module, timeline: Timeline | None = None) -> None:
@@ -135,9 +120,11 @@ class DDPByHand(nn.Module):
     hooks disarmed and adds this rank's gradients to the mean, unsynchronised, as in DDP.
     ``finish_gradient_synchronization()`` waits for the all-reduces and divides; torch's DDP does
     that at the end of the backward pass by itself (a callback it queues on autograd's engine), so
-    here a forward that finds every bucket started finishes them too, and a backward pass that
-    reaches a parameter before the previous one's all-reduces were finished raises instead of
-    adding to a gradient whose all-reduce may still be in flight.
+    here a forward that finds every bucket started finishes them too, while a backward pass that
+    reaches a parameter before the previous one's all-reduces were finished, or an optimizer's
+    ``step()`` over its parameters before then, raises instead of using a gradient whose
+    all-reduce may still be in flight. A wrapper built on parameters that an earlier one hooked
+    removes the earlier one's hooks.
 
     **Missing gradients.** A parameter that trains and gets no gradient in an armed backward pass
     (unused) leaves its bucket incomplete, and the buckets after it are never started:
@@ -147,24 +134,28 @@ class DDPByHand(nn.Module):
     all-reduce until the one that raised has gone, and then fails too. DDP's
     ``find_unused_parameters=True``, which marks such parameters ready, is not written here.
 
-    ``broadcast_buffers`` (default True, as DDP): rank 0's buffers are sent to every rank before a
-    forward that follows a synchronised forward run with gradients, as DDP sends them (BatchNorm's
-    running statistics); a forward under ``torch.no_grad()`` arms nothing, and the forward after
-    it broadcasts nothing (DDP's ``require_forward_param_sync``).
-    ``timeline`` (a :class:`Timeline`) records when each all-reduce starts, finishes and is waited
-    for. Parameters of different dtypes or devices go in different buckets, as in DDP.
+    ``broadcast_buffers`` (default True, as DDP): rank 0's buffers are sent to every rank when the
+    wrapper is built and before a forward that follows a synchronised forward run with gradients,
+    as DDP sends them (BatchNorm's running statistics); with False, never, as in DDP. A forward
+    under ``torch.no_grad()`` arms nothing, and the forward after it broadcasts nothing (DDP's
+    ``require_forward_param_sync``). ``timeline`` (a :class:`Timeline`) records when each
+    all-reduce starts, finishes and is waited for. Parameters of different dtypes or devices go in
+    different buckets, as in DDP; sparse gradients are refused.
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None,
                  timeline: Timeline | None = None, *, rebuild_buckets: bool = True,
                  broadcast_buffers: bool = True) -> None:
+        if any(getattr(m, "sparse", False) for m in module.modules()):
+            raise ValueError("sparse gradients (an embedding with sparse=True) are not written here; "
+                             "torch's DDP all-reduces them")
         super().__init__()
         self.module = module
         self.timeline = timeline or Timeline(record=False)
         self.world_size = dist.get_world_size()
         self.bucket_cap_mb = bucket_cap_mb
         self.broadcast_buffers = broadcast_buffers
-        broadcast_from_rank_0(module)
+        broadcast_from_rank_0(module, buffers=broadcast_buffers)  # as DDP
         self.trainable = [p for p in module.parameters() if p.requires_grad]
         self.index_of = {param: i for i, param in enumerate(self.trainable)}
         self.require_sync = True  # False under no_sync()
@@ -173,7 +164,16 @@ class DDPByHand(nn.Module):
         self.arrival: list[int] | None = [] if rebuild_buckets else None  # the first step's order
         self._set_buckets(assign_buckets(self.trainable, bucket_cap_mb))
         for param in self.trainable:
-            param.register_post_accumulate_grad_hook(self._gradient_ready)
+            if hasattr(param, "_by_hand"):  # a wrapper built before on this parameter lets go of it
+                handle, earlier = param._by_hand
+                handle.remove()
+                if earlier() is not None:
+                    _WRAPPERS.discard(earlier())
+            param._by_hand = (param.register_post_accumulate_grad_hook(self._gradient_ready),
+                              weakref.ref(self))
+        if not _STEP_HOOK:
+            _STEP_HOOK.append(register_optimizer_step_pre_hook(_no_step_before_finish))
+        _WRAPPERS.add(self)
 
     def _set_buckets(self, buckets: list[list[nn.Parameter]]) -> None:
         self.buckets = buckets

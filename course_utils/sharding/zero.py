@@ -10,10 +10,16 @@ each buffer (its *shard*). Stage 0 does not pad.
 - stage 1: the optimizer (and so its state) holds only the shards. The gradient is
   reduce-scattered (the first half of a ring all-reduce: each rank only needs its slice summed),
   the shard is updated, and the updated shards are all-gathered back into the flat buffer.
-- stage 2: as 1, but each unit's gradient is reduce-scattered as soon as backward has produced it,
-  and the full gradient is freed: only gradient shards persist.
-- stage 3: the flat buffers are freed (their storage resized to 0) and all-gathered just in time:
-  before the unit's forward and again before its backward; freed after each.
+- stage 2: as 1, but each unit's gradient is reduce-scattered during backward, once backward has
+  produced all of it, and the full gradient is freed: only gradient shards persist. The units are
+  reduced in one fixed order on every rank (the last module first; a unit ready early waits for its
+  turn), as DDP starts its buckets in order: collectives pair up by the order they are called in.
+- stage 3: the flat buffers are freed (their storage resized to 0; each parameter then holds an
+  empty tensor) and all-gathered just in time: before the unit's forward and again before its
+  backward; freed after each. Every rank must run its modules in the same order (one int per rank,
+  all-gathered before each gather and not counted, checks it; FSDP has the same rule), and a
+  parameter read outside its own module's forward (``nn.MultiheadAttention``'s ``out_proj``, a
+  weight tied through ``F.linear``) is empty there: wrap the module that reads it, as under FSDP.
 
 Every collective of a training step goes through ``CommLog``, which records the bytes this rank
 sends in a ring implementation of that collective, counted from the tensors passed to it.
@@ -21,11 +27,14 @@ sends in a ring implementation of that collective, counted from the tensors pass
 What it shares with DDP: when it is built, every rank takes rank 0's parameters and buffers; before
 a forward that follows a forward run with gradients, rank 0's buffers again (BatchNorm's running
 statistics; DDP's ``broadcast_buffers=True``; FSDP does neither); gradients from several backward
-passes before a step add up; a parameter that trains and got no gradient by ``step()`` is an error
-(DDP raises at the next forward), never a silent skip. A frozen parameter (``requires_grad=False``)
-is in no unit: every rank keeps it whole. A parameter two modules share (a tied weight) belongs to
-the unit of the first module that owns it; stage 3, which frees each unit after its own forward,
-refuses one (FSDP wants a shared parameter in the unit of a module above both).
+passes before a step add up (stage 1 asks for ``zero_grad()`` between steps, since it keeps only its
+slice of the averaged gradient). A parameter that trains and gets no gradient is an error, never a
+silent skip: at stages 2-3 when the backward pass ends (each backward pass must reduce every unit),
+at stages 0-1 at ``step()``; DDP raises at the next forward. A frozen parameter
+(``requires_grad=False``) is in no unit: every rank keeps it whole. A parameter two modules share
+(a tied weight) belongs to the unit of the first module that owns it; stage 3, which frees each
+unit after its own forward, refuses one. The parameters of one module share a dtype (one flat
+buffer). At stage 3, ``state_dict()`` raises: take ``full_parameters()``.
 """
 
 from __future__ import annotations
@@ -36,103 +45,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .._checks import check_int
-from ..compat import all_gather_single, reduce_scatter_single
-from ..ddp.collectives import ring_bytes_per_rank
+from ..compat import all_gather_single, queue_backward_callback
+from .flat_units import CommLog, FlatUnit, shard_numel
 
 __all__ = ["CommLog", "STAGES", "ZeroByHand", "shard_numel"]
 
 STAGES = (0, 1, 2, 3)
-
-
-def shard_numel(numel: int, world_size: int) -> int:
-    """Elements in one rank's shard of a flat buffer of ``numel`` elements: ``ceil(numel / N)``."""
-    numel, world_size = check_int("numel", numel), check_int("world_size", world_size)
-    if numel < 0 or world_size < 1:
-        raise ValueError(f"numel must be >= 0 and world_size >= 1, got {numel} and {world_size}")
-    return -(-numel // world_size)
-
-
-class CommLog:
-    """What one rank sends in a ring implementation of each collective (notebook 10).
-
-    A ring all-reduce of B bytes sends ``2 B (N-1)/N``; a reduce-scatter sends ``(N-1)`` output
-    chunks, an all-gather ``(N-1)`` input chunks: ``B (N-1)/N`` each for a full size of B; a
-    broadcast of B bytes, passed along the ring, is sent by N-1 ranks: ``B (N-1)/N`` on average.
-    ``dtypes`` records the dtypes each kind of collective carried.
-    """
-
-    def __init__(self) -> None:
-        self.sent: dict[str, float] = {"all_reduce": 0.0, "reduce_scatter": 0.0, "all_gather": 0.0,
-                                       "broadcast": 0.0}
-        self.calls: dict[str, int] = dict.fromkeys(self.sent, 0)
-        self.dtypes: dict[str, set[str]] = {kind: set() for kind in self.sent}
-
-    @property
-    def total(self) -> float:
-        return sum(self.sent.values())
-
-    def count(self, kind: str, tensor: torch.Tensor) -> None:
-        """Log one collective of ``kind``. ``tensor``: the whole tensor of an all-reduce or a
-        broadcast, the output (a shard) of a reduce-scatter, the input (a shard) of an all-gather."""
-        n, nbytes = dist.get_world_size(), tensor.nbytes
-        if kind == "all_reduce":
-            sent: float = ring_bytes_per_rank(nbytes, n)  # 2B(N-1)/N: a float, on average
-        elif kind == "broadcast":
-            sent = nbytes * (n - 1) / n
-        else:  # reduce-scatter and all-gather: N-1 shards
-            sent = (n - 1) * nbytes
-        self.sent[kind] += sent
-        self.calls[kind] += 1
-        self.dtypes[kind].add(str(tensor.dtype))
-
-    def all_reduce(self, tensor: torch.Tensor) -> None:
-        self.count("all_reduce", tensor)
-        dist.all_reduce(tensor)
-
-    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor) -> None:  # noqa: A002
-        self.count("reduce_scatter", output)
-        reduce_scatter_single(output, input)  # its name differs between releases: see compat
-
-    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:  # noqa: A002
-        self.count("all_gather", input)
-        all_gather_single(output, input)
-
-
-class _Unit:
-    """One module's parameters as views of a flat, padded buffer, and this rank's shard of it."""
-
-    def __init__(self, module: nn.Module, world_size: int, rank: int, stage: int,
-                 taken: set[nn.Parameter]) -> None:
-        self.module = module
-        self.params = [p for p in module.parameters(recurse=False) if p.requires_grad and p not in taken]
-        taken.update(self.params)
-        self.numel = sum(p.numel() for p in self.params)
-        self.size = shard_numel(self.numel, world_size)
-        first = self.params[0]  # stage 0 shards nothing, so it pads nothing
-        self.flat = torch.zeros(self.numel if stage == 0 else self.size * world_size,
-                                dtype=first.dtype, device=first.device)
-        self.nbytes = self.flat.untyped_storage().nbytes()
-        offset = 0
-        for p in self.params:
-            self.flat[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
-            p.data = self.flat[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
-        lo = rank * self.size
-        mine = self.flat[lo:lo + self.size]
-        # stages 1-2: the shard is a view (the flat buffer stays); stage 3: its own copy
-        self.shard = nn.Parameter(mine.clone() if stage == 3 else mine)
-        self.lo, self.pending, self.reduced = lo, 0, False
-
-    def flat_grad(self) -> torch.Tensor:
-        """The unit's gradient as one padded buffer; its parameters' ``.grad`` become views of it."""
-        grad = torch.zeros_like(self.flat)
-        offset = 0
-        for p in self.params:
-            grad[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
-            p.grad = grad[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
-        return grad
 
 
 class ZeroByHand:
@@ -151,6 +69,8 @@ class ZeroByHand:
             raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
         if not dist.is_initialized():
             raise RuntimeError("ZeroByHand needs a process group: run it inside launch(...)")
+        if any(getattr(m, "sparse", False) for m in model.modules()):
+            raise ValueError("sparse gradients (an embedding with sparse=True) are not written here")
         self.model, self.stage = model, stage
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         self.comm = comm if comm is not None else CommLog()
@@ -159,8 +79,15 @@ class ZeroByHand:
                 dist.broadcast(tensor, src=0)
         self._check_shared(model)
         taken: set[nn.Parameter] = set()
-        self.units = [_Unit(m, self.world_size, self.rank, stage, taken) for m in model.modules()
-                      if any(p.requires_grad and p not in taken for p in m.parameters(recurse=False))]
+        self.units: list[FlatUnit] = []
+        for m in model.modules():
+            if any(p.requires_grad and p not in taken for p in m.parameters(recurse=False)):
+                self.units.append(FlatUnit(m, self.world_size, self.rank, stage, taken, len(self.units)))
+        self.names = {p: n for n, p in model.named_parameters()}
+        # stages 2-3 reduce the units in one fixed order on every rank, the last module first (as
+        # backward usually reaches them), whatever order this rank's gradients arrive in
+        self.order, self.next_unit, self.stepped = self.units[::-1], 0, False
+        self.watching = False  # stages 2-3: a check is queued for the end of this backward pass
         params = [p for u in self.units for p in u.params] if stage == 0 else [u.shard for u in self.units]
         self.optimizer = optimizer_cls(params, **optimizer_kwargs)
         self.buffers_follow = True  # DDP's rule: rank 0's buffers before a forward after one with grads
@@ -170,8 +97,9 @@ class ZeroByHand:
         if stage >= 2:
             for unit in self.units:
                 for p in unit.params:
-                    p.register_post_accumulate_grad_hook(lambda p, u=unit: self._grad_ready(u))
+                    p.register_post_accumulate_grad_hook(lambda p, u=unit: self._grad_ready(u, p))
         if stage == 3:
+            model.register_state_dict_pre_hook(self._no_state_dict)
             for unit in self.units:
                 unit.module.register_forward_pre_hook(lambda m, a, u=unit: self._unshard(u))
                 unit.module.register_forward_hook(lambda m, a, out, u=unit: self._after_forward(u, out))
@@ -188,23 +116,32 @@ class ZeroByHand:
                                      "in the unit of a module above both")
                 owners.setdefault(p, name)
 
+    def _no_state_dict(self, *args: Any) -> None:
+        raise RuntimeError("at stage 3 each rank holds only shards between steps: take "
+                           "full_parameters() (under FSDP: torch.distributed.checkpoint)")
+
     def _broadcast_buffers(self) -> None:
         for buffer in self.model.buffers() if self.buffers_follow else ():
             self.comm.count("broadcast", buffer)
             dist.broadcast(buffer.detach(), src=0)
 
     # region: stage3
-    def _unshard(self, unit: _Unit) -> None:
+    def _unshard(self, unit: FlatUnit) -> None:
         """Stage 3: bring the unit's full parameters back, just in time (all-gather)."""
+        self._same_unit_everywhere(unit)
         unit.flat.untyped_storage().resize_(unit.nbytes)
         with torch.no_grad():
             self.comm.all_gather(unit.flat, unit.shard.detach())
+        for p, view in zip(unit.params, unit.views, strict=True):
+            p.data = view
 
-    def _reshard(self, unit: _Unit) -> None:
+    def _reshard(self, unit: FlatUnit) -> None:
         """Stage 3: free the full parameters; autograd's saved views see them again at unshard."""
+        for p in unit.params:
+            p.data = unit.placeholder  # read between uses, a parameter is empty, not freed memory
         unit.flat.untyped_storage().resize_(0)
 
-    def _after_forward(self, unit: _Unit, out: torch.Tensor) -> None:
+    def _after_forward(self, unit: FlatUnit, out: torch.Tensor) -> None:
         """Stage 3: free after forward; gather again when backward reaches this unit's output."""
         self._reshard(unit)
         if out.requires_grad:
@@ -212,7 +149,7 @@ class ZeroByHand:
     # endregion
 
     # region: reduce
-    def _reduce(self, unit: _Unit) -> None:
+    def _reduce(self, unit: FlatUnit) -> None:
         """Sum the unit's gradient over the ranks; keep what this stage keeps."""
         grad = unit.flat_grad()
         if self.stage == 0:
@@ -233,28 +170,67 @@ class ZeroByHand:
         unit.reduced = True
     # endregion
 
-    def _grad_ready(self, unit: _Unit) -> None:
-        """Stages 2-3: once backward has produced all of a unit's gradients, reduce-scatter them."""
-        unit.pending += 1
-        if unit.pending == len(unit.params):
-            unit.pending = 0
-            self._reduce(unit)
+    def _grad_ready(self, unit: FlatUnit, param: nn.Parameter) -> None:
+        """Stages 2-3: reduce-scatter each unit once backward has produced all its gradients, the
+        units in one fixed order (a unit ready early waits for its turn), as DDP starts its buckets."""
+        if not self.watching:
+            self.watching = True
+            queue_backward_callback(self._end_of_backward)
+        unit.arrived.add(param)
+        while self.next_unit < len(self.order) and \
+                len(self.order[self.next_unit].arrived) == len(self.order[self.next_unit].params):
+            done = self.order[self.next_unit]
+            self._reduce(done)
+            done.arrived.clear()
             if self.stage == 3:
-                self._reshard(unit)
+                self._reshard(done)
+            self.next_unit += 1
+        if self.next_unit == len(self.order):
+            self.next_unit = 0  # every unit reduced: this backward pass is done
+
+    def _end_of_backward(self) -> None:
+        """Stages 2-3, when a backward pass ends: every unit must have been reduced in it."""
+        self.watching = False
+        if self.next_unit == 0 and not any(unit.arrived for unit in self.units):
+            return
+        missing = [self.names[p] for u in self.order[self.next_unit:] for p in u.params if p not in u.arrived]
+        self.next_unit = 0
+        for unit in self.units:
+            unit.arrived.clear()
+        raise RuntimeError(f"{missing} got no gradient in this backward pass on this rank: stages 2-3 "
+                           "reduce each backward pass's gradients, so every parameter that trains must "
+                           "take part in each (DDP raises at the next forward)")
+
+    def _same_unit_everywhere(self, unit: FlatUnit) -> None:
+        """Stage 3: an all-gather pairs the ranks' shards by the order it is called in, so every rank
+        must gather the same unit at once; one int per rank checks it (not counted in ``comm``)."""
+        every = torch.empty(self.world_size, dtype=torch.int64, device=unit.flat.device)
+        all_gather_single(every, torch.tensor([unit.index], device=unit.flat.device))
+        if (every != unit.index).any():
+            raise RuntimeError(f"stage 3: the ranks gather units {every.tolist()} at the same moment: "
+                               "their modules run in different orders, which stage 3 (as FSDP) cannot "
+                               "follow, since each all-gather pairs the shards by the order it is called in")
 
     # region: step
     def step(self) -> None:
         """Reduce the gradients (stages 0-1; 2-3 did during backward), step, gather the shards."""
-        names = {p: n for n, p in self.model.named_parameters()}
-        missing = [names[p] for u in self.units if self.stage <= 1 or not u.reduced or u.pending
-                   for p in u.params if p.grad is None]  # stages 2-3: a unit reduced in backward
+        if self.stage <= 1:
+            missing = [self.names[p] for u in self.units for p in u.params if p.grad is None]
+        else:  # each backward pass reduced every unit, or raised
+            missing = [self.names[p] for u in self.units if not u.reduced for p in u.params]
         if missing:
-            raise RuntimeError(f"{missing} got no gradient before step() on this rank: every parameter "
-                               "that trains must take part in the loss (DDP raises at the next forward)")
+            raise RuntimeError(f"{missing} got no gradient in the last backward pass on this rank: "
+                               "every parameter that trains must take part in the loss (DDP raises at "
+                               "the next forward)")
+        if self.stage == 1 and self.stepped:
+            raise RuntimeError("stage 1 keeps only this rank's slice of the averaged gradient after a "
+                               "step, so gradients cannot add up across steps as under DDP: call "
+                               "zero_grad() before each step's backward passes")
         if self.stage <= 1:
             for unit in self.units:
                 self._reduce(unit)
         self.optimizer.step()
+        self.stepped = True
         for unit in self.units:
             unit.reduced = False
         if self.stage in (1, 2):
@@ -264,8 +240,10 @@ class ZeroByHand:
     # endregion
 
     def zero_grad(self) -> None:
+        self.next_unit, self.stepped = 0, False
         for unit in self.units:
-            unit.shard.grad, unit.pending = None, 0
+            unit.shard.grad = None
+            unit.arrived.clear()
             for p in unit.params:
                 p.grad = None
 

@@ -1,0 +1,113 @@
+"""The parts ZeRO by hand is built from (notebook 10): :class:`CommLog`, which counts what a rank
+sends in each collective; :func:`shard_numel`; and :class:`FlatUnit`, one module's parameters as
+views of a flat, padded buffer with this rank's shard of it. :mod:`course_utils.sharding.zero`
+trains with them."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .._checks import check_int
+from ..compat import all_gather_single, reduce_scatter_single
+from ..ddp.collectives import ring_bytes_per_rank
+
+__all__ = ["CommLog", "FlatUnit", "shard_numel"]
+
+
+def shard_numel(numel: int, world_size: int) -> int:
+    """Elements in one rank's shard of a flat buffer of ``numel`` elements: ``ceil(numel / N)``."""
+    numel, world_size = check_int("numel", numel), check_int("world_size", world_size)
+    if numel < 0 or world_size < 1:
+        raise ValueError(f"numel must be >= 0 and world_size >= 1, got {numel} and {world_size}")
+    return -(-numel // world_size)
+
+
+class CommLog:
+    """What one rank sends in a ring implementation of each collective (notebook 10).
+
+    A ring all-reduce of B bytes sends ``2 B (N-1)/N``; a reduce-scatter sends ``(N-1)`` output
+    chunks, an all-gather ``(N-1)`` input chunks: ``B (N-1)/N`` each for a full size of B; a
+    broadcast of B bytes, passed along the ring, is sent by N-1 ranks: ``B (N-1)/N`` on average.
+    ``dtypes`` records the dtypes each kind of collective carried.
+    """
+
+    def __init__(self) -> None:
+        self.sent: dict[str, float] = {"all_reduce": 0.0, "reduce_scatter": 0.0, "all_gather": 0.0,
+                                       "broadcast": 0.0}
+        self.calls: dict[str, int] = dict.fromkeys(self.sent, 0)
+        self.dtypes: dict[str, set[str]] = {kind: set() for kind in self.sent}
+
+    @property
+    def total(self) -> float:
+        return sum(self.sent.values())
+
+    def count(self, kind: str, tensor: torch.Tensor) -> None:
+        """Log one collective of ``kind``. ``tensor``: the whole tensor of an all-reduce or a
+        broadcast, the output (a shard) of a reduce-scatter, the input (a shard) of an all-gather."""
+        n, nbytes = dist.get_world_size(), tensor.nbytes
+        if kind == "all_reduce":
+            sent: float = ring_bytes_per_rank(nbytes, n)  # 2B(N-1)/N: a float, on average
+        elif kind == "broadcast":
+            sent = nbytes * (n - 1) / n
+        else:  # reduce-scatter and all-gather: N-1 shards
+            sent = (n - 1) * nbytes
+        self.sent[kind] += sent
+        self.calls[kind] += 1
+        self.dtypes[kind].add(str(tensor.dtype))
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        self.count("all_reduce", tensor)
+        dist.all_reduce(tensor)
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor) -> None:  # noqa: A002
+        self.count("reduce_scatter", output)
+        reduce_scatter_single(output, input)  # its name differs between releases: see compat
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:  # noqa: A002
+        self.count("all_gather", input)
+        all_gather_single(output, input)
+
+
+class FlatUnit:
+    """One module's parameters as views of a flat, padded buffer, and this rank's shard of it."""
+
+    def __init__(self, module: nn.Module, world_size: int, rank: int, stage: int,
+                 taken: set[nn.Parameter], index: int) -> None:
+        self.module, self.index = module, index
+        self.params = [p for p in module.parameters(recurse=False) if p.requires_grad and p not in taken]
+        taken.update(self.params)
+        if len({(p.dtype, p.device) for p in self.params}) > 1:
+            raise ValueError(f"the parameters of {type(module).__name__} differ in dtype or device: one "
+                             "flat buffer holds one dtype (FSDP1's flat parameters have the same rule)")
+        self.numel = sum(p.numel() for p in self.params)
+        self.size = shard_numel(self.numel, world_size)
+        first = self.params[0]  # stage 0 shards nothing, so it pads nothing
+        self.flat = torch.zeros(self.numel if stage == 0 else self.size * world_size,
+                                dtype=first.dtype, device=first.device)
+        self.nbytes = self.flat.untyped_storage().nbytes()
+        offset, self.views = 0, []
+        for p in self.params:
+            self.flat[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
+            self.views.append(self.flat[offset:offset + p.numel()].view_as(p))
+            p.data = self.views[-1]
+            offset += p.numel()
+        # stage 3, between uses: each parameter holds this empty tensor, so reading it is harmless
+        self.placeholder = torch.empty(0, dtype=first.dtype, device=first.device)
+        lo = rank * self.size
+        mine = self.flat[lo:lo + self.size]
+        # stages 1-2: the shard is a view (the flat buffer stays); stage 3: its own copy
+        self.shard = nn.Parameter(mine.clone() if stage == 3 else mine)
+        self.lo, self.reduced = lo, False
+        self.arrived: set[nn.Parameter] = set()  # stages 2-3: gradients ready in this backward pass
+
+    def flat_grad(self) -> torch.Tensor:
+        """The unit's gradient as one padded buffer; its parameters' ``.grad`` become views of it."""
+        grad = torch.zeros_like(self.flat)
+        offset = 0
+        for p in self.params:
+            grad[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
+            p.grad = grad[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        return grad
