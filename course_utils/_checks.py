@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["check_int", "check_number", "check_positive_int", "check_seconds", "type_name"]
+__all__ = ["check_dense", "check_int", "check_number", "check_positive_int", "check_seconds", "type_name"]
 
 
 def _describe(value: Any) -> str:
@@ -63,3 +63,11 @@ def check_seconds(name: str, value: Any) -> float:
         return check_number(name, value, above=0)
     except (TypeError, ValueError):  # one wording for every bad time limit
         raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}") from None
+
+
+def check_dense(module: Any) -> None:
+    """Refuse a module with sparse gradients (an embedding built with ``sparse=True``): the course's
+    data parallelism by hand flattens gradients, which a sparse tensor cannot be."""
+    if any(getattr(m, "sparse", False) for m in module.modules()):
+        raise ValueError("sparse gradients (an embedding with sparse=True) are not written here; "
+                         "torch's DDP all-reduces them")

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from .._checks import check_dense
 from .buckets import assign_buckets, fill_buckets
 from .timeline import Event, Timeline
 
@@ -146,9 +147,6 @@ class DDPByHand(nn.Module):
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None,
                  timeline: Timeline | None = None, *, rebuild_buckets: bool = True,
                  broadcast_buffers: bool = True) -> None:
-        if any(getattr(m, "sparse", False) for m in module.modules()):
-            raise ValueError("sparse gradients (an embedding with sparse=True) are not written here; "
-                             "torch's DDP all-reduces them")
         super().__init__()
         self.module = module
         self.timeline = timeline or Timeline(record=False)
@@ -176,6 +174,7 @@ class DDPByHand(nn.Module):
         _WRAPPERS.add(self)
 
     def _set_buckets(self, buckets: list[list[nn.Parameter]]) -> None:
+        check_dense(self.module)  # a bucket is one flat tensor: no sparse gradient fits
         self.buckets = buckets
         self.bucket_of = {param: b for b, bucket in enumerate(buckets) for param in bucket}
         # a flat tensor for each bucket of several parameters, made once and reused every step

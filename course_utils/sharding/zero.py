@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .._checks import check_dense
 from ..compat import all_gather_single, queue_backward_callback
 from .flat_units import CommLog, FlatUnit, shard_numel
 
@@ -69,8 +70,7 @@ class ZeroByHand:
             raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
         if not dist.is_initialized():
             raise RuntimeError("ZeroByHand needs a process group: run it inside launch(...)")
-        if any(getattr(m, "sparse", False) for m in model.modules()):
-            raise ValueError("sparse gradients (an embedding with sparse=True) are not written here")
+        check_dense(model)
         self.model, self.stage = model, stage
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         self.comm = comm if comm is not None else CommLog()
