@@ -240,7 +240,7 @@ class ZeroByHand:
     # endregion
 
     def zero_grad(self) -> None:
-        self.next_unit, self.stepped = 0, False
+        self.next_unit, self.stepped, self.watching = 0, False, False  # also after a backward that raised
         for unit in self.units:
             unit.shard.grad = None
             unit.arrived.clear()
