@@ -404,9 +404,13 @@ def _contract_rank(rank, world_size):
             model.eval()  # BatchNorm's buffers stay as they are
             first(torch.randn(4, 3))  # a forward with gradients arms the first wrapper's hooks
             model.train()
-            first = None  # dropped without a backward
+            wrapped = DDPByHand(model, broadcast_buffers=False)  # takes the parameters' hooks
+            try:
+                first(torch.randn(4, 3))
+                found["the replaced wrapper"] = None
+            except RuntimeError as err:
+                found["the replaced wrapper"] = str(err)
             first = None
-            wrapped = DDPByHand(model, broadcast_buffers=False)
         else:
             wrapped = wrap_ddp(model, torch.device("cpu"), broadcast_buffers=False)
         for step in range(2):
@@ -429,6 +433,7 @@ def test_a_step_before_finish_is_refused_and_a_second_wrapper_replaces_the_first
         (mine, my_mean), (theirs, their_mean) = found["grads"]["by hand"], found["grads"]["torch DDP"]
         assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
         assert torch.equal(my_mean, their_mean)  # each rank's own buffers, as DDP leaves them
+        assert "a newer DDPByHand wraps these parameters" in found["the replaced wrapper"]
 
 
 def _sparse_rank(rank, world_size):

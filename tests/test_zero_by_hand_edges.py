@@ -101,6 +101,19 @@ def test_a_parameter_without_a_gradient_is_an_error_at_every_stage(runs):
                 assert "['spare.weight', 'spare.bias'] got no gradient" in ranks["unused", stage]["error"]
 
 
+class _Recurrent(nn.Module):
+    """A GRU (a unit whose forward returns a tuple) and a head run under reentrant checkpointing
+    (its gradients arrive inside a backward pass of its own)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gru, self.head = nn.GRU(4, 6, batch_first=True), nn.Linear(6, 3)
+
+    def forward(self, x):
+        out, _ = self.gru(x)
+        return torch.utils.checkpoint.checkpoint(self.head, out[:, -1], use_reentrant=True)
+
+
 class _Routed(nn.Module):
     """Two layers of the same shape, run in an order that depends on the rank, then a head."""
 
@@ -142,6 +155,20 @@ def _order_and_misuse(rank, world_size):
         except RuntimeError as err:
             found["routed", stage] = str(err)
         dist.barrier()
+    for stage in (None, 2, 3):
+        torch.manual_seed(0)
+        model = _Recurrent()
+        x, y = torch.randn(3, 5, 4) + rank, torch.randn(3, 3)
+        wrapped = wrap_ddp(model, torch.device("cpu")) if stage is None else model
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1) if stage is None else \
+            ZeroByHand(model, stage, torch.optim.SGD, lr=0.1)
+        for _ in range(2):
+            optimizer.zero_grad()
+            nn.functional.mse_loss(wrapped(x), y).backward()
+            optimizer.step()
+        found["recurrent", stage] = [p.detach().clone() for p in model.parameters()] if stage is None \
+            else optimizer.full_parameters()
+        wrapped = None
     model = _Net(tied=False, spare=False)
     zero = ZeroByHand(model, 3)
     nn.functional.mse_loss(model(torch.randn(5, 6)), torch.zeros(5, 3)).backward()
@@ -182,10 +209,14 @@ def test_stages_keep_one_order_refuse_what_they_cannot_follow_and_never_read_fre
         ddp = found["routed", None]
         assert all(torch.equal(a, b) for a, b in zip(found["routed", 2], ddp, strict=True))  # bitwise
         assert "their modules run in different orders" in found["routed", 3]
+        for stage in (2, 3):  # a tuple from a unit's forward; gradients from a checkpoint's own backward
+            for a, b in zip(found["recurrent", stage], found["recurrent", None], strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         assert found["read between steps"] == (0,)  # an empty placeholder, not freed memory
         assert "take full_parameters()" in found["state_dict at stage 3"]
-        assert "['last.bias'] got no gradient in this backward pass" in found["partial", 2]
-        assert "['last.weight', 'last.bias'] got no gradient in this backward pass" in found["partial", 3]
+        before = "got no gradient in the backward pass before this one"
+        assert f"['last.bias'] {before}" in found["partial", 2], found["partial", 2]
+        assert f"['last.weight', 'last.bias'] {before}" in found["partial", 3], found["partial", 3]
         assert "call zero_grad() before each step" in found["stage 1 without zero_grad"]
 
 

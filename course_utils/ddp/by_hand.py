@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .._checks import check_dense
 from .buckets import assign_buckets, fill_buckets
+from .by_hand_guard import guard_steps, take_over
 from .timeline import Event, Timeline
 
 __all__ = ["DDPByHand", "Event", "Timeline", "assign_buckets", "average_gradients",
@@ -43,21 +42,6 @@ def broadcast_from_rank_0(module: nn.Module, buffers: bool = True) -> None:
     with torch.no_grad():
         for tensor in itertools.chain(module.parameters(), module.buffers() if buffers else ()):
             dist.broadcast(tensor, src=0)
-
-
-#: the wrappers alive in this process: an optimizer's step checks that none of them has all-reduces
-#: of its parameters unfinished (the hook is registered once, with the first wrapper)
-_WRAPPERS: weakref.WeakSet = weakref.WeakSet()
-_STEP_HOOK: list = []
-
-
-def _no_step_before_finish(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    stepped = {p for group in optimizer.param_groups for p in group["params"]}
-    for wrapper in list(_WRAPPERS):
-        if wrapper.ready and not stepped.isdisjoint(wrapper.index_of):
-            raise RuntimeError("optimizer.step() before finish_gradient_synchronization(): the last "
-                               "backward's all-reduces are not finished, so .grad is not yet the "
-                               "mean over the ranks (torch's DDP finishes them at the end of backward)")
 
 
 def average_gradients(model: nn.Module, timeline: Timeline | None = None) -> None:
@@ -125,7 +109,7 @@ class DDPByHand(nn.Module):
     reaches a parameter before the previous one's all-reduces were finished, or an optimizer's
     ``step()`` over its parameters before then, raises instead of using a gradient whose
     all-reduce may still be in flight. A wrapper built on parameters that an earlier one hooked
-    removes the earlier one's hooks.
+    takes their hooks, and the earlier one's forward raises from then on.
 
     **Missing gradients.** A parameter that trains and gets no gradient in an armed backward pass
     (unused) leaves its bucket incomplete, and the buckets after it are never started:
@@ -162,16 +146,9 @@ class DDPByHand(nn.Module):
         self.arrival: list[int] | None = [] if rebuild_buckets else None  # the first step's order
         self._set_buckets(assign_buckets(self.trainable, bucket_cap_mb))
         for param in self.trainable:
-            if hasattr(param, "_by_hand"):  # a wrapper built before on this parameter lets go of it
-                handle, earlier = param._by_hand
-                handle.remove()
-                if earlier() is not None:
-                    _WRAPPERS.discard(earlier())
-            param._by_hand = (param.register_post_accumulate_grad_hook(self._gradient_ready),
-                              weakref.ref(self))
-        if not _STEP_HOOK:
-            _STEP_HOOK.append(register_optimizer_step_pre_hook(_no_step_before_finish))
-        _WRAPPERS.add(self)
+            take_over(param, self)  # from a wrapper built before on this parameter, if any
+            param.by_hand_hook = param.register_post_accumulate_grad_hook(self._gradient_ready)
+        guard_steps(self)  # an optimizer's step before finish_gradient_synchronization() raises
 
     def _set_buckets(self, buckets: list[list[nn.Parameter]]) -> None:
         check_dense(self.module)  # a bucket is one flat tensor: no sparse gradient fits
@@ -190,6 +167,9 @@ class DDPByHand(nn.Module):
         self.in_flight: list[tuple[int, torch.Tensor, Any]] = []  # (bucket, tensor, handle)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "replaced", False):
+            raise RuntimeError("a newer DDPByHand wraps these parameters and took their hooks: train "
+                               "with that one (this one would no longer synchronise anything)")
         grad = torch.is_grad_enabled()
         synced = grad and self.require_sync  # a forward under no_grad or no_sync arms nothing
         if self.ready and (grad or self.next_bucket == len(self.buckets)):

@@ -19,7 +19,10 @@ each buffer (its *shard*). Stage 0 does not pad.
   backward; freed after each. Every rank must run its modules in the same order (one int per rank,
   all-gathered before each gather and not counted, checks it; FSDP has the same rule), and a
   parameter read outside its own module's forward (``nn.MultiheadAttention``'s ``out_proj``, a
-  weight tied through ``F.linear``) is empty there: wrap the module that reads it, as under FSDP.
+  weight tied through ``F.linear``) is empty there, and torch's error then names a shape, not
+  this rule (FSDP would want the module that reads it as the unit; here every module that owns
+  parameters is one). Between steps a parameter reads as empty and a write to it is lost: change
+  the parameters through the optimizer, or read ``full_parameters()``.
 
 Every collective of a training step goes through ``CommLog``, which records the bytes this rank
 sends in a ring implementation of that collective, counted from the tensors passed to it.
@@ -29,8 +32,9 @@ a forward that follows a forward run with gradients, rank 0's buffers again (Bat
 statistics; DDP's ``broadcast_buffers=True``; FSDP does neither); gradients from several backward
 passes before a step add up (stage 1 asks for ``zero_grad()`` between steps, since it keeps only its
 slice of the averaged gradient). A parameter that trains and gets no gradient is an error, never a
-silent skip: at stages 2-3 when the backward pass ends (each backward pass must reduce every unit),
-at stages 0-1 at ``step()``; DDP raises at the next forward. A frozen parameter
+silent skip: at stages 2-3 (each backward pass must reduce every unit) at the next forward with
+gradients, the next backward pass that reaches the unit or ``step()``, whichever comes first; at
+stages 0-1 at ``step()``; DDP raises at the next forward. A frozen parameter
 (``requires_grad=False``) is in no unit: every rank keeps it whole. A parameter two modules share
 (a tied weight) belongs to the unit of the first module that owns it; stage 3, which frees each
 unit after its own forward, refuses one. The parameters of one module share a dtype (one flat
@@ -46,7 +50,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .._checks import check_dense
-from ..compat import all_gather_single, queue_backward_callback
+from ..compat import all_gather_single
 from .flat_units import CommLog, FlatUnit, shard_numel
 
 __all__ = ["CommLog", "STAGES", "ZeroByHand", "shard_numel"]
@@ -87,11 +91,11 @@ class ZeroByHand:
         # stages 2-3 reduce the units in one fixed order on every rank, the last module first (as
         # backward usually reaches them), whatever order this rank's gradients arrive in
         self.order, self.next_unit, self.stepped = self.units[::-1], 0, False
-        self.watching = False  # stages 2-3: a check is queued for the end of this backward pass
+        self.round: set[nn.Parameter] = set()  # every gradient ready since the last unit was reduced
         params = [p for u in self.units for p in u.params] if stage == 0 else [u.shard for u in self.units]
         self.optimizer = optimizer_cls(params, **optimizer_kwargs)
         self.buffers_follow = True  # DDP's rule: rank 0's buffers before a forward after one with grads
-        model.register_forward_pre_hook(lambda m, a: self._broadcast_buffers())
+        model.register_forward_pre_hook(lambda m, a: self._before_forward())
         model.register_forward_hook(lambda m, a, out: setattr(self, "buffers_follow",
                                                               torch.is_grad_enabled()))
         if stage >= 2:
@@ -120,7 +124,9 @@ class ZeroByHand:
         raise RuntimeError("at stage 3 each rank holds only shards between steps: take "
                            "full_parameters() (under FSDP: torch.distributed.checkpoint)")
 
-    def _broadcast_buffers(self) -> None:
+    def _before_forward(self) -> None:
+        if torch.is_grad_enabled():  # as DDP: a forward with gradients after an incomplete backward
+            self._complete("the last backward pass")
         for buffer in self.model.buffers() if self.buffers_follow else ():
             self.comm.count("broadcast", buffer)
             dist.broadcast(buffer.detach(), src=0)
@@ -128,6 +134,8 @@ class ZeroByHand:
     # region: stage3
     def _unshard(self, unit: FlatUnit) -> None:
         """Stage 3: bring the unit's full parameters back, just in time (all-gather)."""
+        if unit.flat.untyped_storage().nbytes():
+            return  # already here (a second output of the unit reached backward)
         self._same_unit_everywhere(unit)
         unit.flat.untyped_storage().resize_(unit.nbytes)
         with torch.no_grad():
@@ -141,11 +149,12 @@ class ZeroByHand:
             p.data = unit.placeholder  # read between uses, a parameter is empty, not freed memory
         unit.flat.untyped_storage().resize_(0)
 
-    def _after_forward(self, unit: FlatUnit, out: torch.Tensor) -> None:
+    def _after_forward(self, unit: FlatUnit, out: Any) -> None:
         """Stage 3: free after forward; gather again when backward reaches this unit's output."""
         self._reshard(unit)
-        if out.requires_grad:
-            out.register_hook(lambda grad: self._unshard(unit))
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):  # nn.GRU returns a tuple
+            if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+                tensor.register_hook(lambda grad: self._unshard(unit))
     # endregion
 
     # region: reduce
@@ -173,9 +182,9 @@ class ZeroByHand:
     def _grad_ready(self, unit: FlatUnit, param: nn.Parameter) -> None:
         """Stages 2-3: reduce-scatter each unit once backward has produced all its gradients, the
         units in one fixed order (a unit ready early waits for its turn), as DDP starts its buckets."""
-        if not self.watching:
-            self.watching = True
-            queue_backward_callback(self._end_of_backward)
+        if param in self.round:  # as DDP's "mark a variable ready only once"
+            self._complete("the backward pass before this one")
+        self.round.add(param)
         unit.arrived.add(param)
         while self.next_unit < len(self.order) and \
                 len(self.order[self.next_unit].arrived) == len(self.order[self.next_unit].params):
@@ -187,19 +196,21 @@ class ZeroByHand:
             self.next_unit += 1
         if self.next_unit == len(self.order):
             self.next_unit = 0  # every unit reduced: this backward pass is done
+            self.round.clear()
 
-    def _end_of_backward(self) -> None:
-        """Stages 2-3, when a backward pass ends: every unit must have been reduced in it."""
-        self.watching = False
+    def _complete(self, which: str) -> None:
+        """Stages 2-3: raise if a backward pass left a unit without all its gradients (DDP raises
+        at the next forward; here also at the next backward that reaches it, and at ``step()``)."""
         if self.next_unit == 0 and not any(unit.arrived for unit in self.units):
             return
         missing = [self.names[p] for u in self.order[self.next_unit:] for p in u.params if p not in u.arrived]
         self.next_unit = 0
+        self.round.clear()
         for unit in self.units:
             unit.arrived.clear()
-        raise RuntimeError(f"{missing} got no gradient in this backward pass on this rank: stages 2-3 "
-                           "reduce each backward pass's gradients, so every parameter that trains must "
-                           "take part in each (DDP raises at the next forward)")
+        raise RuntimeError(f"{missing} got no gradient in {which} on this rank: stages 2-3 reduce each "
+                           "backward pass's gradients, so every parameter that trains must take part in "
+                           "each (DDP raises at the next forward)")
 
     def _same_unit_everywhere(self, unit: FlatUnit) -> None:
         """Stage 3: an all-gather pairs the ranks' shards by the order it is called in, so every rank
@@ -216,7 +227,8 @@ class ZeroByHand:
         """Reduce the gradients (stages 0-1; 2-3 did during backward), step, gather the shards."""
         if self.stage <= 1:
             missing = [self.names[p] for u in self.units for p in u.params if p.grad is None]
-        else:  # each backward pass reduced every unit, or raised
+        else:  # each backward pass must have reduced every unit
+            self._complete("the last backward pass")
             missing = [self.names[p] for u in self.units if not u.reduced for p in u.params]
         if missing:
             raise RuntimeError(f"{missing} got no gradient in the last backward pass on this rank: "
@@ -240,7 +252,8 @@ class ZeroByHand:
     # endregion
 
     def zero_grad(self) -> None:
-        self.next_unit, self.stepped, self.watching = 0, False, False  # also after a backward that raised
+        self.next_unit, self.stepped = 0, False  # also after a backward pass that raised
+        self.round.clear()
         for unit in self.units:
             unit.shard.grad = None
             unit.arrived.clear()

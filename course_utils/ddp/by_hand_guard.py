@@ -1,0 +1,47 @@
+"""What keeps a DDPByHand from being used wrongly without a word (notebook 06): an optimizer's step
+over its parameters before ``finish_gradient_synchronization()``, and a wrapper whose parameters a
+newer wrapper has taken over."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+__all__ = ["guard_steps", "take_over"]
+
+#: the wrappers alive in this process: an optimizer's step checks that none of them has all-reduces
+#: of its parameters unfinished (the hook is registered once, with the first wrapper)
+_WRAPPERS: weakref.WeakSet = weakref.WeakSet()
+_STEP_HOOK: list = []
+
+
+def _no_step_before_finish(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    stepped = {p for group in optimizer.param_groups for p in group["params"]}
+    for wrapper in list(_WRAPPERS):
+        if wrapper.ready and not stepped.isdisjoint(wrapper.index_of):
+            raise RuntimeError("optimizer.step() before finish_gradient_synchronization(): the last "
+                               "backward's all-reduces are not finished, so .grad is not yet the "
+                               "mean over the ranks (torch's DDP finishes them at the end of backward)")
+
+
+def guard_steps(wrapper: Any) -> None:
+    """From now on, an optimizer's step over ``wrapper``'s parameters while its all-reduces are
+    unfinished raises."""
+    if not _STEP_HOOK:
+        _STEP_HOOK.append(register_optimizer_step_pre_hook(_no_step_before_finish))
+    _WRAPPERS.add(wrapper)
+
+
+def take_over(param: torch.nn.Parameter, wrapper: Any) -> None:
+    """``wrapper`` is about to hook ``param``: remove the hook an earlier wrapper gave it, and mark
+    that wrapper replaced (its forward raises: it would no longer synchronise anything)."""
+    if hasattr(param, "by_hand_hook"):
+        param.by_hand_hook.remove()
+        earlier = param.by_hand_owner()
+        if earlier is not None:
+            _WRAPPERS.discard(earlier)
+            earlier.replaced = True
+    param.by_hand_owner = weakref.ref(wrapper)
