@@ -391,6 +391,11 @@ def _contract_rank(rank, world_size):
             found["step before finish", cap] = None
         except RuntimeError as err:
             found["step before finish", cap] = str(err)
+        try:
+            DDPByHand(model, bucket_cap_mb=cap)  # while the first one's all-reduces are in flight
+            found["wrapped again before finish", cap] = None
+        except RuntimeError as err:
+            found["wrapped again before finish", cap] = str(err)
         wrapped.finish_gradient_synchronization()
         optimizer.step()  # now it may
     grads = {}
@@ -430,6 +435,7 @@ def test_a_step_before_finish_is_refused_and_a_second_wrapper_replaces_the_first
         for cap in (None, 1.0):
             refused = found["step before finish", cap]
             assert "optimizer.step() before finish_gradient_synchronization()" in refused
+            assert "still has all-reduces unfinished" in found["wrapped again before finish", cap]
         (mine, my_mean), (theirs, their_mean) = found["grads"]["by hand"], found["grads"]["torch DDP"]
         assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
         assert torch.equal(my_mean, their_mean)  # each rank's own buffers, as DDP leaves them

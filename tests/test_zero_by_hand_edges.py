@@ -114,6 +114,30 @@ class _Recurrent(nn.Module):
         return torch.utils.checkpoint.checkpoint(self.head, out[:, -1], use_reentrant=True)
 
 
+class _PassThrough(nn.Module):
+    """Units with awkward outputs at stage 3: one returns its input beside its result (that input's
+    gradient reaches backward after the unit was reduced), an LSTM returns nested tuples (only h_n
+    is used), and one returns a dict."""
+
+    class Both(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return {"out": torch.tanh(self.lin(x)), "x": x}
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.both = nn.Linear(4, 4), self.Both()
+        self.lstm, self.head = nn.LSTM(4, 4, batch_first=True), nn.Linear(8, 2)
+
+    def forward(self, x):
+        found = self.both(torch.tanh(self.first(x)))
+        _, (h, _) = self.lstm(found["out"].unsqueeze(1))
+        return self.head(torch.cat([h[-1], found["x"]], dim=1))
+
+
 class _Routed(nn.Module):
     """Two layers of the same shape, run in an order that depends on the rank, then a head."""
 
@@ -169,6 +193,23 @@ def _order_and_misuse(rank, world_size):
         found["recurrent", stage] = [p.detach().clone() for p in model.parameters()] if stage is None \
             else optimizer.full_parameters()
         wrapped = None
+    for stage in (None, 3):
+        torch.manual_seed(0)
+        model = _PassThrough()
+        wrapped = wrap_ddp(model, torch.device("cpu")) if stage is None else model
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1) if stage is None else \
+            ZeroByHand(model, stage, torch.optim.SGD, lr=0.1)
+        for step in range(3):
+            g = torch.Generator().manual_seed(10 * step + rank)
+            optimizer.zero_grad()
+            x, y = torch.randn(4, 4, generator=g), torch.randn(4, 2, generator=g)
+            nn.functional.mse_loss(wrapped(x), y).backward()
+            optimizer.step()
+        found["pass-through", stage] = [p.detach().clone() for p in model.parameters()] if stage is None \
+            else optimizer.full_parameters()
+        if stage == 3:  # every unit freed after the step
+            found["gathered after steps"] = [u.flat.untyped_storage().nbytes() for u in optimizer.units]
+        wrapped = None
     model = _Net(tied=False, spare=False)
     zero = ZeroByHand(model, 3)
     nn.functional.mse_loss(model(torch.randn(5, 6)), torch.zeros(5, 3)).backward()
@@ -209,6 +250,9 @@ def test_stages_keep_one_order_refuse_what_they_cannot_follow_and_never_read_fre
         ddp = found["routed", None]
         assert all(torch.equal(a, b) for a, b in zip(found["routed", 2], ddp, strict=True))  # bitwise
         assert "their modules run in different orders" in found["routed", 3]
+        for a, b in zip(found["pass-through", 3], found["pass-through", None], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert found["gathered after steps"] == [0, 0, 0, 0]
         for stage in (2, 3):  # a tuple from a unit's forward; gradients from a checkpoint's own backward
             for a, b in zip(found["recurrent", stage], found["recurrent", None], strict=True):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -108,8 +108,10 @@ class DDPByHand(nn.Module):
     here a forward that finds every bucket started finishes them too, while a backward pass that
     reaches a parameter before the previous one's all-reduces were finished, or an optimizer's
     ``step()`` over its parameters before then, raises instead of using a gradient whose
-    all-reduce may still be in flight. A wrapper built on parameters that an earlier one hooked
-    takes their hooks, and the earlier one's forward raises from then on.
+    all-reduce may still be in flight; anything else that reads ``.grad`` before that call
+    (clipping, an update written by hand) sees this rank's gradient or the undivided sum. A wrapper
+    built on parameters that an earlier one hooked takes their hooks (it raises if the earlier one
+    has all-reduces unfinished), and the earlier one's forward raises from then on.
 
     **Missing gradients.** A parameter that trains and gets no gradient in an armed backward pass
     (unused) leaves its bucket incomplete, and the buckets after it are never started:
@@ -213,8 +215,10 @@ class DDPByHand(nn.Module):
             return
         if param in self.ready:
             raise RuntimeError(f"{self._name(param)} was marked ready twice in one synchronisation: "
-                               "a backward pass left a parameter out and the next reached one again "
-                               "(DDP: 'Expected to mark a variable ready only once')")
+                               "a backward pass left a parameter out and the next reached one again, "
+                               "or a reentrant checkpoint (use_reentrant=True) sent it a second "
+                               "gradient in one backward pass (DDP: 'Expected to mark a variable "
+                               "ready only once')")
         self.ready.add(param)
         b = self.bucket_of[param]
         self.arrived[b] += 1

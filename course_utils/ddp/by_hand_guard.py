@@ -39,8 +39,11 @@ def take_over(param: torch.nn.Parameter, wrapper: Any) -> None:
     """``wrapper`` is about to hook ``param``: remove the hook an earlier wrapper gave it, and mark
     that wrapper replaced (its forward raises: it would no longer synchronise anything)."""
     if hasattr(param, "by_hand_hook"):
-        param.by_hand_hook.remove()
         earlier = param.by_hand_owner()
+        if earlier is not None and earlier.ready:
+            raise RuntimeError("the wrapper these parameters had still has all-reduces unfinished: "
+                               "call its finish_gradient_synchronization() before wrapping them again")
+        param.by_hand_hook.remove()
         if earlier is not None:
             _WRAPPERS.discard(earlier)
             earlier.replaced = True

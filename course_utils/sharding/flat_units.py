@@ -5,6 +5,8 @@ trains with them."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -13,7 +15,7 @@ from .._checks import check_int
 from ..compat import all_gather_single, reduce_scatter_single
 from ..ddp.collectives import ring_bytes_per_rank
 
-__all__ = ["CommLog", "FlatUnit", "shard_numel"]
+__all__ = ["CommLog", "FlatUnit", "output_tensors", "shard_numel"]
 
 
 def shard_numel(numel: int, world_size: int) -> int:
@@ -99,7 +101,7 @@ class FlatUnit:
         mine = self.flat[lo:lo + self.size]
         # stages 1-2: the shard is a view (the flat buffer stays); stage 3: its own copy
         self.shard = nn.Parameter(mine.clone() if stage == 3 else mine)
-        self.lo, self.reduced = lo, False
+        self.lo, self.reduced, self.reduced_since_forward = lo, False, False
         self.arrived: set[nn.Parameter] = set()  # stages 2-3: gradients ready in this backward pass
 
     def flat_grad(self) -> torch.Tensor:
@@ -111,3 +113,11 @@ class FlatUnit:
             p.grad = grad[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
         return grad
+
+
+def output_tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors in a module's output, through tuples, lists and dicts (stage 3 hooks each)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    items = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ()
+    return [t for item in items for t in output_tensors(item)]

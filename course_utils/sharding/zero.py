@@ -31,7 +31,8 @@ What it shares with DDP: when it is built, every rank takes rank 0's parameters 
 a forward that follows a forward run with gradients, rank 0's buffers again (BatchNorm's running
 statistics; DDP's ``broadcast_buffers=True``; FSDP does neither); gradients from several backward
 passes before a step add up (stage 1 asks for ``zero_grad()`` between steps, since it keeps only its
-slice of the averaged gradient). A parameter that trains and gets no gradient is an error, never a
+slice of the averaged gradient; two backward passes of one graph are both reduced, where DDP leaves
+the second unsynchronised). A parameter that trains and gets no gradient is an error, never a
 silent skip: at stages 2-3 (each backward pass must reduce every unit) at the next forward with
 gradients, the next backward pass that reaches the unit or ``step()``, whichever comes first; at
 stages 0-1 at ``step()``; DDP raises at the next forward. A frozen parameter
@@ -51,7 +52,7 @@ from torch import nn
 
 from .._checks import check_dense
 from ..compat import all_gather_single
-from .flat_units import CommLog, FlatUnit, shard_numel
+from .flat_units import CommLog, FlatUnit, output_tensors, shard_numel
 
 __all__ = ["CommLog", "STAGES", "ZeroByHand", "shard_numel"]
 
@@ -150,11 +151,14 @@ class ZeroByHand:
         unit.flat.untyped_storage().resize_(0)
 
     def _after_forward(self, unit: FlatUnit, out: Any) -> None:
-        """Stage 3: free after forward; gather again when backward reaches this unit's output."""
+        """Stage 3: free after forward; gather again when backward reaches this unit's output
+        (any tensor of it: nn.LSTM returns tensors in nested tuples), unless this backward pass has
+        already reduced the unit (an output that passes its input through reaches backward late)."""
         self._reshard(unit)
-        for tensor in out if isinstance(out, (tuple, list)) else (out,):  # nn.GRU returns a tuple
-            if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
-                tensor.register_hook(lambda grad: self._unshard(unit))
+        unit.reduced_since_forward = False
+        for tensor in output_tensors(out):
+            if tensor.requires_grad:
+                tensor.register_hook(lambda grad: None if unit.reduced_since_forward else self._unshard(unit))
     # endregion
 
     # region: reduce
@@ -183,7 +187,8 @@ class ZeroByHand:
         """Stages 2-3: reduce-scatter each unit once backward has produced all its gradients, the
         units in one fixed order (a unit ready early waits for its turn), as DDP starts its buckets."""
         if param in self.round:  # as DDP's "mark a variable ready only once"
-            self._complete("the backward pass before this one")
+            self._complete("the backward pass before this one (or a reentrant checkpoint sent "
+                           f"{self.names[param]} a second gradient in this one: use_reentrant=False)")
         self.round.add(param)
         unit.arrived.add(param)
         while self.next_unit < len(self.order) and \
@@ -191,12 +196,15 @@ class ZeroByHand:
             done = self.order[self.next_unit]
             self._reduce(done)
             done.arrived.clear()
+            done.reduced_since_forward = True
             if self.stage == 3:
                 self._reshard(done)
             self.next_unit += 1
         if self.next_unit == len(self.order):
             self.next_unit = 0  # every unit reduced: this backward pass is done
             self.round.clear()
+            for each in self.units:  # a second backward pass of the same graph gathers them again
+                each.reduced_since_forward = False
 
     def _complete(self, which: str) -> None:
         """Stages 2-3: raise if a backward pass left a unit without all its gradients (DDP raises
@@ -245,6 +253,8 @@ class ZeroByHand:
         self.stepped = True
         for unit in self.units:
             unit.reduced = False
+            if self.stage == 3 and unit.flat.untyped_storage().nbytes():
+                self._reshard(unit)  # gathered after its reduce: stale now that the shard moved
         if self.stage in (1, 2):
             for unit in self.units:
                 with torch.no_grad():
