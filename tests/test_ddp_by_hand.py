@@ -398,6 +398,13 @@ def _contract_rank(rank, world_size):
             found["wrapped again before finish", cap] = str(err)
         wrapped.finish_gradient_synchronization()
         optimizer.step()  # now it may
+        wrapped(torch.randn(2, 3) + rank).sum().backward()
+        optimizer.zero_grad(set_to_none=False)  # before finish: the means would land on the zeros
+        try:
+            wrapped.finish_gradient_synchronization()
+            found["zero_grad before finish", cap] = None
+        except RuntimeError as err:
+            found["zero_grad before finish", cap] = str(err)
     grads = {}
     for name in ("by hand", "torch DDP"):
         torch.manual_seed(0)
@@ -436,6 +443,7 @@ def test_a_step_before_finish_is_refused_and_a_second_wrapper_replaces_the_first
             refused = found["step before finish", cap]
             assert "optimizer.step() before finish_gradient_synchronization()" in refused
             assert "still has all-reduces unfinished" in found["wrapped again before finish", cap]
+            assert "changed between the backward pass and finish" in found["zero_grad before finish", cap]
         (mine, my_mean), (theirs, their_mean) = found["grads"]["by hand"], found["grads"]["torch DDP"]
         assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
         assert torch.equal(my_mean, their_mean)  # each rank's own buffers, as DDP leaves them

@@ -84,7 +84,7 @@ class _FillOrder(DDPByHand):
 
     def _gradient_ready(self, param):
         b = self.bucket_of[param]
-        self.ready.add(param)
+        self.ready[param] = (param.grad, param.grad._version)
         self.arrived[b] += 1
         if self.arrived[b] == len(self.buckets[b]):
             self._start_all_reduce(b)

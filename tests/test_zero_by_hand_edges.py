@@ -2,6 +2,8 @@
 that start from different seeds, BatchNorm's buffers, a frozen and a tied weight, two backward
 passes before a step, and a parameter that gets no gradient."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -116,8 +118,13 @@ class _Recurrent(nn.Module):
 
 class _PassThrough(nn.Module):
     """Units with awkward outputs at stage 3: one returns its input beside its result (that input's
-    gradient reaches backward after the unit was reduced), an LSTM returns nested tuples (only h_n
-    is used), and one returns a dict."""
+    gradient reaches backward after the unit was reduced) in a dataclass holding a dict, and an
+    LSTM returns nested tuples (only h_n is used)."""
+
+    @dataclasses.dataclass
+    class Pair:
+        found: dict
+        x: torch.Tensor
 
     class Both(nn.Module):
         def __init__(self):
@@ -125,7 +132,7 @@ class _PassThrough(nn.Module):
             self.lin = nn.Linear(4, 4)
 
         def forward(self, x):
-            return {"out": torch.tanh(self.lin(x)), "x": x}
+            return _PassThrough.Pair({"out": torch.tanh(self.lin(x))}, x)
 
     def __init__(self):
         super().__init__()
@@ -133,9 +140,9 @@ class _PassThrough(nn.Module):
         self.lstm, self.head = nn.LSTM(4, 4, batch_first=True), nn.Linear(8, 2)
 
     def forward(self, x):
-        found = self.both(torch.tanh(self.first(x)))
-        _, (h, _) = self.lstm(found["out"].unsqueeze(1))
-        return self.head(torch.cat([h[-1], found["x"]], dim=1))
+        pair = self.both(torch.tanh(self.first(x)))
+        _, (h, _) = self.lstm(pair.found["out"].unsqueeze(1))
+        return self.head(torch.cat([h[-1], pair.x], dim=1))
 
 
 class _Routed(nn.Module):

@@ -105,7 +105,8 @@ class DDPByHand(nn.Module):
     hooks disarmed and adds this rank's gradients to the mean, unsynchronised, as in DDP.
     ``finish_gradient_synchronization()`` waits for the all-reduces and divides; torch's DDP does
     that at the end of the backward pass by itself (a callback it queues on autograd's engine), so
-    here a forward that finds every bucket started finishes them too, while a backward pass that
+    here a forward that finds every bucket started finishes them too (finish raises if a gradient
+    was written in between, by ``optimizer.zero_grad()`` say), while a backward pass that
     reaches a parameter before the previous one's all-reduces were finished, or an optimizer's
     ``step()`` over its parameters before then, raises instead of using a gradient whose
     all-reduce may still be in flight; anything else that reads ``.grad`` before that call
@@ -165,7 +166,7 @@ class DDPByHand(nn.Module):
     def _reset(self) -> None:
         self.arrived = [0] * len(self.buckets)  # gradients ready in each bucket, this step
         self.next_bucket = 0  # the next bucket to start: buckets start in order
-        self.ready: set[nn.Parameter] = set()  # the parameters marked ready since the last finish
+        self.ready: dict[nn.Parameter, tuple] = {}  # marked ready since the last finish: (grad, version)
         self.in_flight: list[tuple[int, torch.Tensor, Any]] = []  # (bucket, tensor, handle)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -219,7 +220,7 @@ class DDPByHand(nn.Module):
                                "or a reentrant checkpoint (use_reentrant=True) sent it a second "
                                "gradient in one backward pass (DDP: 'Expected to mark a variable "
                                "ready only once')")
-        self.ready.add(param)
+        self.ready[param] = (param.grad, param.grad._version)  # finish checks nothing wrote to it
         b = self.bucket_of[param]
         self.arrived[b] += 1
         if self.arrival is not None:
@@ -230,6 +231,18 @@ class DDPByHand(nn.Module):
             self.next_bucket += 1
         if self.next_bucket == len(self.buckets):
             self.armed = False  # every bucket started: this backward's work is done (DDP's finalize)
+
+    def _nothing_wrote_to_the_gradients(self) -> None:
+        changed = [self._name(p) for p, (grad, version) in self.ready.items()
+                   if p.grad is not grad or grad._version != version]
+        if changed:
+            for _, _, handle in self.in_flight:
+                handle.wait()
+            self._reset()
+            raise RuntimeError(f"{changed[:3]} changed between the backward pass and "
+                               "finish_gradient_synchronization() (optimizer.zero_grad(), or another "
+                               "write to .grad): finish right after each synchronised backward, as "
+                               "torch's DDP has finished by then")
 
     def _name(self, param: nn.Parameter) -> str:
         return next(n for n, p in self.module.named_parameters() if p is param)
@@ -259,6 +272,7 @@ class DDPByHand(nn.Module):
         backward under ``no_sync()``, nothing to do)."""
         if not self.ready:
             return  # no synchronised backward since the last call
+        self._nothing_wrote_to_the_gradients()
         missing = list(range(self.next_bucket, len(self.buckets)))  # never started
         for b, flat, handle in self.in_flight:
             self.timeline.mark("wait_start", b)

@@ -180,7 +180,7 @@ class FillOrderDDP(DDPByHand):
 
     def _gradient_ready(self, param: nn.Parameter) -> None:
         b = self.bucket_of[param]
-        self.ready.add(param)
+        self.ready[param] = (param.grad, param.grad._version)
         self.arrived[b] += 1
         if self.arrived[b] == len(self.buckets[b]):
             self._start_all_reduce(b)

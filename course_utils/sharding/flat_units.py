@@ -5,6 +5,7 @@ trains with them."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -15,7 +16,7 @@ from .._checks import check_int
 from ..compat import all_gather_single, reduce_scatter_single
 from ..ddp.collectives import ring_bytes_per_rank
 
-__all__ = ["CommLog", "FlatUnit", "output_tensors", "shard_numel"]
+__all__ = ["CommLog", "FlatUnit", "output_tensors", "refuse_shared", "shard_numel"]
 
 
 def shard_numel(numel: int, world_size: int) -> int:
@@ -116,8 +117,25 @@ class FlatUnit:
 
 
 def output_tensors(out: Any) -> list[torch.Tensor]:
-    """The tensors in a module's output, through tuples, lists and dicts (stage 3 hooks each)."""
+    """The tensors in a module's output, through tuples, lists, dicts and dataclasses (stage 3
+    hooks each)."""
     if isinstance(out, torch.Tensor):
         return [out]
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        out = [getattr(out, field.name) for field in dataclasses.fields(out)]
     items = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ()
     return [t for item in items for t in output_tensors(item)]
+
+
+def refuse_shared(model: nn.Module) -> None:
+    """Stage 3 frees each module's parameters after its own forward: a parameter two modules share
+    (a tied weight) cannot follow both, so it is refused with the two modules' names."""
+    owners: dict[nn.Parameter, str] = {}
+    for name, module in model.named_modules():
+        for p in module.parameters(recurse=False):
+            if p.requires_grad and p in owners:
+                raise ValueError(f"stage 3 by hand frees each module's parameters after its own "
+                                 f"forward, and modules {owners[p]!r} and {name!r} share one (a "
+                                 "tied weight): use stages 0-2, or FSDP with the shared parameter "
+                                 "in the unit of a module above both")
+            owners.setdefault(p, name)

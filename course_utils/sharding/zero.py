@@ -31,14 +31,15 @@ What it shares with DDP: when it is built, every rank takes rank 0's parameters 
 a forward that follows a forward run with gradients, rank 0's buffers again (BatchNorm's running
 statistics; DDP's ``broadcast_buffers=True``; FSDP does neither); gradients from several backward
 passes before a step add up (stage 1 asks for ``zero_grad()`` between steps, since it keeps only its
-slice of the averaged gradient; two backward passes of one graph are both reduced, where DDP leaves
-the second unsynchronised). A parameter that trains and gets no gradient is an error, never a
-silent skip: at stages 2-3 (each backward pass must reduce every unit) at the next forward with
-gradients, the next backward pass that reaches the unit or ``step()``, whichever comes first; at
-stages 0-1 at ``step()``; DDP raises at the next forward. A frozen parameter
-(``requires_grad=False``) is in no unit: every rank keeps it whole. A parameter two modules share
-(a tied weight) belongs to the unit of the first module that owns it; stage 3, which frees each
-unit after its own forward, refuses one. The parameters of one module share a dtype (one flat
+slice of the averaged gradient). Every backward pass is reduced: DDP leaves unsynchronised a
+backward pass that no forward with gradients armed (a second backward pass of one graph, or the
+second of two backward passes run after two forwards). A parameter that trains and gets no
+gradient is an error, never a silent skip: at stages 2-3 (each backward pass must reduce every
+unit) at the next forward with gradients, the next backward pass that reaches the unit or
+``step()``, whichever comes first; at stages 0-1 at ``step()``; DDP raises at the next forward.
+A frozen parameter (``requires_grad=False``) is in no unit: every rank keeps it whole. A parameter
+two modules share (a tied weight) belongs to the unit of the first module that owns it; stage 3,
+which frees each unit after its own forward, refuses one. The parameters of one module share a dtype (one flat
 buffer). At stage 3, ``state_dict()`` raises: take ``full_parameters()``.
 """
 
@@ -52,7 +53,7 @@ from torch import nn
 
 from .._checks import check_dense
 from ..compat import all_gather_single
-from .flat_units import CommLog, FlatUnit, output_tensors, shard_numel
+from .flat_units import CommLog, FlatUnit, output_tensors, refuse_shared, shard_numel
 
 __all__ = ["CommLog", "STAGES", "ZeroByHand", "shard_numel"]
 
@@ -82,7 +83,8 @@ class ZeroByHand:
         with torch.no_grad():  # every rank starts from rank 0's model, as under DDP
             for tensor in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(tensor, src=0)
-        self._check_shared(model)
+        if stage == 3:
+            refuse_shared(model)
         taken: set[nn.Parameter] = set()
         self.units: list[FlatUnit] = []
         for m in model.modules():
@@ -109,17 +111,6 @@ class ZeroByHand:
                 unit.module.register_forward_pre_hook(lambda m, a, u=unit: self._unshard(u))
                 unit.module.register_forward_hook(lambda m, a, out, u=unit: self._after_forward(u, out))
                 self._reshard(unit)
-
-    def _check_shared(self, model: nn.Module) -> None:
-        owners: dict[nn.Parameter, str] = {}
-        for name, module in model.named_modules():
-            for p in module.parameters(recurse=False):
-                if self.stage == 3 and p.requires_grad and p in owners:
-                    raise ValueError(f"stage 3 by hand frees each module's parameters after its own "
-                                     f"forward, and modules {owners[p]!r} and {name!r} share one (a "
-                                     "tied weight): use stages 0-2, or FSDP with the shared parameter "
-                                     "in the unit of a module above both")
-                owners.setdefault(p, name)
 
     def _no_state_dict(self, *args: Any) -> None:
         raise RuntimeError("at stage 3 each rank holds only shards between steps: take "
@@ -156,6 +147,9 @@ class ZeroByHand:
         already reduced the unit (an output that passes its input through reaches backward late)."""
         self._reshard(unit)
         unit.reduced_since_forward = False
+        if torch.is_grad_enabled() and not output_tensors(out):
+            raise RuntimeError(f"stage 3 found no tensor in what {type(unit.module).__name__} returned "
+                               f"({type(out).__name__}) to hook for its backward pass")
         for tensor in output_tensors(out):
             if tensor.requires_grad:
                 tensor.register_hook(lambda grad: None if unit.reduced_since_forward else self._unshard(unit))
