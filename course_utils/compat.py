@@ -35,7 +35,8 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["COLLECTIVE_NAMES", "FLIGHT_RECORDER_DUMPS", "all_gather_single", "analyzer_reads_gloo",
-           "collective_name", "dump_flight_recorder", "flight_recorder_dump_name", "reduce_scatter_single",
+           "collective_name", "dump_flight_recorder", "flight_recorder_dump_name", "queue_backward_callback",
+           "reduce_scatter_single",
            "run_torchrun_without_libuv", "stores_without_libuv", "tcp_store_options", "torch_release"]
 
 #: The flat-tensor collectives: torch 2.13's name, and the name every earlier release uses.
@@ -68,6 +69,15 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, **kwargs: A
 def all_gather_single(output: torch.Tensor, input: torch.Tensor, **kwargs: Any) -> Any:  # noqa: A002
     """Every rank's ``input``, in rank order, concatenated into ``output`` (N times its size)."""
     return getattr(dist, collective_name("all_gather_single"))(output, input, **kwargs)
+
+
+def queue_backward_callback(fn: Any) -> None:
+    """Run ``fn()`` once the backward pass now running has finished (what DDP's reducer does when
+    its last bucket is ready). Autograd's engine has no public name for it: FSDP and DDP's Python
+    reducer call the same private method, present in every release the course supports."""
+    from torch.autograd import Variable
+
+    Variable._execution_engine.queue_callback(fn)
 
 
 def flight_recorder_dump_name() -> str | None:

@@ -461,3 +461,56 @@ def _sparse_rank(rank, world_size):
 def test_sparse_gradients_are_refused_with_a_reason():
     for message in launch(_sparse_rank, 2, echo=False, backend="gloo", timeout_s=60):
         assert "sparse gradients" in message
+
+
+class _Concatenated(nn.Module):
+    """Two parameters used as one (torch.cat): autograd hands their gradients as slices of one
+    tensor, which share a version counter."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k = nn.Parameter(torch.randn(2, 3)), nn.Parameter(torch.randn(2, 3))
+
+    def forward(self, x):
+        return nn.functional.linear(x, torch.cat([self.q, self.k]))
+
+
+def _clamp(param):
+    param.grad.clamp_(-0.01, 0.01)
+
+
+def _gradient_writes_rank(rank, world_size):
+    """Accumulation over parameters whose gradients share a storage (no false alarm, equal to DDP),
+    and a hook registered after wrapping that writes the gradient (refused, with the reason)."""
+    from course_utils.devices import wrap_ddp
+
+    found = {}
+    for name in ("by hand", "torch DDP"):
+        torch.manual_seed(0)
+        model = _Concatenated()
+        wrapped = DDPByHand(model, 1.0) if name == "by hand" else wrap_ddp(model, torch.device("cpu"))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(2):
+            optimizer.zero_grad(set_to_none=False)
+            for micro in range(2):  # synchronised each micro-batch: the gradients add up in place
+                x = torch.randn(3, 3, generator=torch.Generator().manual_seed(10 * step + micro + rank))
+                wrapped(x).square().mean().backward()
+                getattr(wrapped, "finish_gradient_synchronization", lambda: None)()
+            optimizer.step()
+        found[name] = [p.detach().clone() for p in model.parameters()]
+        wrapped = None
+    model = nn.Linear(3, 3)
+    wrapped = DDPByHand(model)
+    model.weight.register_post_accumulate_grad_hook(_clamp)  # after wrapping: runs after the wrapper's
+    try:
+        wrapped(torch.randn(3, 3)).square().mean().backward()
+        found["late hook"] = None
+    except RuntimeError as err:
+        found["late hook"] = str(err)
+    return found
+
+
+def test_gradients_that_share_a_storage_pass_and_a_hook_after_wrapping_is_refused():
+    for found in launch(_gradient_writes_rank, 2, echo=False, backend="gloo", timeout_s=120):
+        assert all(torch.equal(a, b) for a, b in zip(found["by hand"], found["torch DDP"], strict=True))
+        assert "a hook registered on a parameter after wrapping" in found["late hook"], found["late hook"]

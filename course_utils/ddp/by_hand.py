@@ -27,8 +27,9 @@ import torch.distributed as dist
 from torch import nn
 
 from .._checks import check_dense
+from ..compat import queue_backward_callback
 from .buckets import assign_buckets, fill_buckets
-from .by_hand_guard import guard_steps, take_over
+from .by_hand_guard import guard_steps, refuse_late_writes, refuse_written_gradients, take_over
 from .timeline import Event, Timeline
 
 __all__ = ["DDPByHand", "Event", "Timeline", "assign_buckets", "average_gradients",
@@ -109,8 +110,11 @@ class DDPByHand(nn.Module):
     was written in between, by ``optimizer.zero_grad()`` say), while a backward pass that
     reaches a parameter before the previous one's all-reduces were finished, or an optimizer's
     ``step()`` over its parameters before then, raises instead of using a gradient whose
-    all-reduce may still be in flight; anything else that reads ``.grad`` before that call
-    (clipping, an update written by hand) sees this rank's gradient or the undivided sum. A wrapper
+    all-reduce may still be in flight; so does finish if a gradient was written in between
+    (``zero_grad()``, in-place clipping), while a read (an update written by hand) sees this rank's
+    gradient or the undivided sum. A hook registered on a parameter after wrapping runs after the
+    wrapper's (DDP's reducer runs after every hook); one that writes the gradient is refused at
+    the end of backward (for gradients sharing a storage, only a replaced one is seen). A wrapper
     built on parameters that an earlier one hooked takes their hooks (it raises if the earlier one
     has all-reduces unfinished), and the earlier one's forward raises from then on.
 
@@ -231,18 +235,13 @@ class DDPByHand(nn.Module):
             self.next_bucket += 1
         if self.next_bucket == len(self.buckets):
             self.armed = False  # every bucket started: this backward's work is done (DDP's finalize)
+            queue_backward_callback(self._stamp_gradients)  # once the backward pass has ended
 
-    def _nothing_wrote_to_the_gradients(self) -> None:
-        changed = [self._name(p) for p, (grad, version) in self.ready.items()
-                   if p.grad is not grad or grad._version != version]
-        if changed:
-            for _, _, handle in self.in_flight:
-                handle.wait()
-            self._reset()
-            raise RuntimeError(f"{changed[:3]} changed between the backward pass and "
-                               "finish_gradient_synchronization() (optimizer.zero_grad(), or another "
-                               "write to .grad): finish right after each synchronised backward, as "
-                               "torch's DDP has finished by then")
+    def _stamp_gradients(self) -> None:
+        """Each gradient as the backward pass left it (the tensor, its version): what finish
+        checks nothing wrote to since (gradients of one view share a version, so not earlier)."""
+        refuse_late_writes(self)  # a hook that ran after this wrapper's changed what is in flight
+        self.ready = {p: (p.grad, p.grad._version) for p in self.ready}
 
     def _name(self, param: nn.Parameter) -> str:
         return next(n for n, p in self.module.named_parameters() if p is param)
@@ -272,8 +271,9 @@ class DDPByHand(nn.Module):
         backward under ``no_sync()``, nothing to do)."""
         if not self.ready:
             return  # no synchronised backward since the last call
-        self._nothing_wrote_to_the_gradients()
         missing = list(range(self.next_bucket, len(self.buckets)))  # never started
+        if not missing:
+            refuse_written_gradients(self)
         for b, flat, handle in self.in_flight:
             self.timeline.mark("wait_start", b)
             handle.wait()

@@ -1,6 +1,6 @@
 """What keeps a DDPByHand from being used wrongly without a word (notebook 06): an optimizer's step
-over its parameters before ``finish_gradient_synchronization()``, and a wrapper whose parameters a
-newer wrapper has taken over."""
+over its parameters before ``finish_gradient_synchronization()``, a gradient written between the
+backward pass and that call, and a wrapper whose parameters a newer wrapper has taken over."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-__all__ = ["guard_steps", "take_over"]
+__all__ = ["guard_steps", "refuse_late_writes", "refuse_written_gradients", "take_over"]
 
 #: the wrappers alive in this process: an optimizer's step checks that none of them has all-reduces
 #: of its parameters unfinished (the hook is registered once, with the first wrapper)
@@ -48,3 +48,37 @@ def take_over(param: torch.nn.Parameter, wrapper: Any) -> None:
             _WRAPPERS.discard(earlier)
             earlier.replaced = True
     param.by_hand_owner = weakref.ref(wrapper)
+
+
+def refuse_written_gradients(wrapper: Any) -> None:
+    """Raise if a gradient ``wrapper`` marked ready was replaced or written since the backward pass
+    ended (``optimizer.zero_grad()``, in-place clipping): finish would put the means over it."""
+    changed = [wrapper._name(p) for p, (grad, version) in wrapper.ready.items()
+               if p.grad is not grad or grad._version != version]
+    if changed:
+        for _, _, handle in wrapper.in_flight:
+            handle.wait()
+        wrapper._reset()
+        raise RuntimeError(f"{changed[:3]} changed between the backward pass and "
+                           "finish_gradient_synchronization() (optimizer.zero_grad(), or another "
+                           "write to .grad): finish right after each synchronised backward, as "
+                           "torch's DDP has finished by then")
+
+
+def refuse_late_writes(wrapper: Any) -> None:
+    """At the end of a synchronised backward pass: raise if a gradient was replaced, or written in
+    place, after the wrapper's hook took it (a hook registered on the parameter after wrapping
+    runs after the wrapper's; DDP's reducer runs after every hook of a parameter). Gradients that
+    share a storage (autograd's slices of one tensor, a flat buffer) share one version counter,
+    so only their identity is checked."""
+    storages: dict[int, int] = {}
+    for grad, _ in wrapper.ready.values():
+        key = grad.untyped_storage().data_ptr()
+        storages[key] = storages.get(key, 0) + 1
+    late = [wrapper._name(p) for p, (grad, version) in wrapper.ready.items()
+            if p.grad is not grad or (storages[grad.untyped_storage().data_ptr()] == 1
+                                      and grad._version != version)]
+    if late:
+        raise RuntimeError(f"{late[:3]} changed after the wrapper had started their all-reduce: a "
+                           "hook registered on a parameter after wrapping runs after the wrapper's, "
+                           "so register such hooks before building DDPByHand")

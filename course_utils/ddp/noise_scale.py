@@ -147,7 +147,11 @@ class NoiseScaleDDP(DDPByHand):
 
     def finish_gradient_synchronization(self) -> None:
         synchronised = any(self.arrived)
-        super().finish_gradient_synchronization()
+        try:
+            super().finish_gradient_synchronization()
+        except RuntimeError:
+            self._local.zero_()  # the failed step's partial sum must not reach the next step
+            raise
         if not synchronised:
             return
         local, self._local = self._local, torch.zeros_like(self._local)
