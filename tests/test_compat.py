@@ -277,3 +277,20 @@ def test_the_windows_agent_trains_as_torchrun_does(monkeypatch, tmp_path):
     assert job.returncode == 0, "\n".join(job.lines + job.log_lines)
     trained = torch.load(tmp_path / "w.pt")
     assert trained and all(torch.isfinite(v).all() for v in trained.values()), trained
+
+
+def test_every_torch_nn_parallel_name_the_gpu_branches_call_exists():
+    """CI has no GPU, so DataParallel's GPU branch never runs here: a name it calls that torch does
+    not have (``torch.nn.parallel.scatter_kwargs`` did not exist; it lives in ``scatter_gather``)
+    fails only on a learner's GPU. Every ``torch.nn.parallel.NAME`` in the package must resolve."""
+    import re
+    from pathlib import Path
+
+    import course_utils
+
+    root = Path(course_utils.__file__).parent
+    names = {(path.name, name) for path in root.rglob("*.py")
+             for name in re.findall(r"torch\.nn\.parallel\.(\w+)\(", path.read_text(encoding="utf-8"))}
+    assert names, "the pattern found no call at all"
+    missing = [(file, name) for file, name in sorted(names) if not hasattr(torch.nn.parallel, name)]
+    assert missing == []

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel.scatter_gather import scatter_kwargs as _torch_scatter_kwargs
 
 from . import sim_primitives
 from .simulated import Device, SimDevice, note_memory, recording, tensors_in
@@ -30,7 +31,7 @@ def scatter_kwargs(inputs: tuple, kwargs: dict | None, devices: Sequence[Device]
                    dim: int = 0) -> tuple[tuple, tuple]:
     """``(inputs_per_device, kwargs_per_device)``, noting each device's share of the inputs."""
     if _on_gpus(devices):
-        scattered = torch.nn.parallel.scatter_kwargs(inputs, kwargs, [d.index for d in devices], dim)
+        scattered = _torch_scatter_kwargs(inputs, kwargs, [d.index for d in devices], dim)
         for device, args, kw in zip(devices, *scattered, strict=False):
             note_memory(device, "inputs", (args, kw), whole_storage=True)  # a view: its storage
         return scattered
