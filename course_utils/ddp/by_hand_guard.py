@@ -54,7 +54,7 @@ def refuse_written_gradients(wrapper: Any) -> None:
     """Raise if a gradient ``wrapper`` marked ready was replaced or written since the backward pass
     ended (``optimizer.zero_grad()``, in-place clipping): finish would put the means over it."""
     changed = [wrapper._name(p) for p, (grad, version) in wrapper.ready.items()
-               if p.grad is not grad or grad._version != version]
+               if p.grad is not grad or (_alone(grad) and grad._version != version)]
     if changed:
         for _, _, handle in wrapper.in_flight:
             handle.wait()
@@ -68,17 +68,17 @@ def refuse_written_gradients(wrapper: Any) -> None:
 def refuse_late_writes(wrapper: Any) -> None:
     """At the end of a synchronised backward pass: raise if a gradient was replaced, or written in
     place, after the wrapper's hook took it (a hook registered on the parameter after wrapping
-    runs after the wrapper's; DDP's reducer runs after every hook of a parameter). Gradients that
-    share a storage (autograd's slices of one tensor, a flat buffer) share one version counter,
-    so only their identity is checked."""
-    storages: dict[int, int] = {}
-    for grad, _ in wrapper.ready.values():
-        key = grad.untyped_storage().data_ptr()
-        storages[key] = storages.get(key, 0) + 1
+    runs after the wrapper's; DDP's reducer runs after every hook of a parameter)."""
     late = [wrapper._name(p) for p, (grad, version) in wrapper.ready.items()
-            if p.grad is not grad or (storages[grad.untyped_storage().data_ptr()] == 1
-                                      and grad._version != version)]
+            if p.grad is not grad or (_alone(grad) and grad._version != version)]
     if late:
         raise RuntimeError(f"{late[:3]} changed after the wrapper had started their all-reduce: a "
                            "hook registered on a parameter after wrapping runs after the wrapper's, "
                            "so register such hooks before building DDPByHand")
+
+
+def _alone(grad: torch.Tensor) -> bool:
+    """Whether ``grad`` fills its storage alone. A slice of a larger one (autograd's slices of a
+    ``torch.cat`` of parameters, a flat buffer) shares a version counter with tensors that may be
+    written rightly, so for those only the gradient's identity is checked."""
+    return grad.numel() * grad.element_size() == grad.untyped_storage().nbytes()
