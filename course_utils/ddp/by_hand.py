@@ -106,8 +106,7 @@ class DDPByHand(nn.Module):
     hooks disarmed and adds this rank's gradients to the mean, unsynchronised, as in DDP.
     ``finish_gradient_synchronization()`` waits for the all-reduces and divides; torch's DDP does
     that at the end of the backward pass by itself (a callback it queues on autograd's engine), so
-    here a forward that finds every bucket started finishes them too (finish raises if a gradient
-    was written in between, by ``optimizer.zero_grad()`` say), while a backward pass that
+    here a forward that finds every bucket started finishes them too, while a backward pass that
     reaches a parameter before the previous one's all-reduces were finished, or an optimizer's
     ``step()`` over its parameters before then, raises instead of using a gradient whose
     all-reduce may still be in flight; so does finish if a gradient was written in between
