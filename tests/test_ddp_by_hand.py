@@ -514,3 +514,38 @@ def test_gradients_that_share_a_storage_pass_and_a_hook_after_wrapping_is_refuse
     for found in launch(_gradient_writes_rank, 2, echo=False, backend="gloo", timeout_s=120):
         assert all(torch.equal(a, b) for a, b in zip(found["by hand"], found["torch DDP"], strict=True))
         assert "a hook registered on a parameter after wrapping" in found["late hook"], found["late hook"]
+
+
+def _sliced_writes_rank(rank, world_size):
+    """Writes to gradients that autograd handed as slices of one tensor (a torch.cat of two
+    parameters): each misuse raises, as it does for a gradient of its own."""
+    def backward(model, wrapped):
+        wrapped(torch.randn(3, 3, generator=torch.Generator().manual_seed(rank))).square().mean().backward()
+
+    found = {}
+    misuses = {
+        "late hook": (lambda model: model.q.register_post_accumulate_grad_hook(_clamp), lambda m: None),
+        "zero_grad": (lambda model: None, lambda m: m.zero_grad(set_to_none=False)),
+        "clipping": (lambda model: None, lambda m: nn.utils.clip_grad_norm_(m.parameters(), 1e-3)),
+    }
+    for name, (before_backward, before_finish) in misuses.items():
+        torch.manual_seed(0)
+        model = _Concatenated()
+        wrapped = DDPByHand(model, 1.0)
+        before_backward(model)
+        try:
+            backward(model, wrapped)
+            before_finish(model)
+            wrapped.finish_gradient_synchronization()
+            found[name] = None
+        except RuntimeError as err:
+            found[name] = str(err)
+        wrapped = None
+    return found
+
+
+def test_writes_to_gradients_that_are_slices_of_one_tensor_are_refused():
+    for found in launch(_sliced_writes_rank, 2, echo=False, backend="gloo", timeout_s=120):
+        assert "a hook registered on a parameter after wrapping" in (found["late hook"] or ""), found
+        for name in ("zero_grad", "clipping"):
+            assert "changed between the backward pass and" in (found[name] or ""), found

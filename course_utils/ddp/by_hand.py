@@ -29,7 +29,7 @@ from torch import nn
 from .._checks import check_dense
 from ..compat import queue_backward_callback
 from .buckets import assign_buckets, fill_buckets
-from .by_hand_guard import guard_steps, refuse_late_writes, refuse_written_gradients, take_over
+from .by_hand_guard import guard_steps, own_gradient, refuse_late_writes, refuse_written_gradients, take_over
 from .timeline import Event, Timeline
 
 __all__ = ["DDPByHand", "Event", "Timeline", "assign_buckets", "average_gradients",
@@ -113,7 +113,8 @@ class DDPByHand(nn.Module):
     (``zero_grad()``, in-place clipping), while a read (an update written by hand) sees this rank's
     gradient or the undivided sum. A hook registered on a parameter after wrapping runs after the
     wrapper's (DDP's reducer runs after every hook); one that writes the gradient is refused at
-    the end of backward (for gradients sharing a storage, only a replaced one is seen). A wrapper
+    the end of backward (a gradient that is a slice of a larger tensor is copied into one of its
+    own first, so that a write to it shows). A wrapper
     built on parameters that an earlier one hooked takes their hooks (it raises if the earlier one
     has all-reduces unfinished), and the earlier one's forward raises from then on.
 
@@ -223,7 +224,7 @@ class DDPByHand(nn.Module):
                                "or a reentrant checkpoint (use_reentrant=True) sent it a second "
                                "gradient in one backward pass (DDP: 'Expected to mark a variable "
                                "ready only once')")
-        self.ready[param] = (param.grad, param.grad._version)  # finish checks nothing wrote to it
+        self.ready[param] = own_gradient(param)  # (.grad, its version): finish checks nothing wrote to it
         b = self.bucket_of[param]
         self.arrived[b] += 1
         if self.arrival is not None:
@@ -234,13 +235,7 @@ class DDPByHand(nn.Module):
             self.next_bucket += 1
         if self.next_bucket == len(self.buckets):
             self.armed = False  # every bucket started: this backward's work is done (DDP's finalize)
-            queue_backward_callback(self._stamp_gradients)  # once the backward pass has ended
-
-    def _stamp_gradients(self) -> None:
-        """Each gradient as the backward pass left it (the tensor, its version): what finish
-        checks nothing wrote to since (gradients of one view share a version, so not earlier)."""
-        refuse_late_writes(self)  # a hook that ran after this wrapper's changed what is in flight
-        self.ready = {p: (p.grad, p.grad._version) for p in self.ready}
+            queue_backward_callback(lambda: refuse_late_writes(self))  # when the backward pass ends
 
     def _name(self, param: nn.Parameter) -> str:
         return next(n for n, p in self.module.named_parameters() if p is param)

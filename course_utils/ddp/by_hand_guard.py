@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-__all__ = ["guard_steps", "refuse_late_writes", "refuse_written_gradients", "take_over"]
+__all__ = ["guard_steps", "own_gradient", "refuse_late_writes", "refuse_written_gradients", "take_over"]
 
 #: the wrappers alive in this process: an optimizer's step checks that none of them has all-reduces
 #: of its parameters unfinished (the hook is registered once, with the first wrapper)
@@ -54,7 +54,7 @@ def refuse_written_gradients(wrapper: Any) -> None:
     """Raise if a gradient ``wrapper`` marked ready was replaced or written since the backward pass
     ended (``optimizer.zero_grad()``, in-place clipping): finish would put the means over it."""
     changed = [wrapper._name(p) for p, (grad, version) in wrapper.ready.items()
-               if p.grad is not grad or (_alone(grad) and grad._version != version)]
+               if p.grad is not grad or grad._version != version]
     if changed:
         for _, _, handle in wrapper.in_flight:
             handle.wait()
@@ -70,15 +70,19 @@ def refuse_late_writes(wrapper: Any) -> None:
     place, after the wrapper's hook took it (a hook registered on the parameter after wrapping
     runs after the wrapper's; DDP's reducer runs after every hook of a parameter)."""
     late = [wrapper._name(p) for p, (grad, version) in wrapper.ready.items()
-            if p.grad is not grad or (_alone(grad) and grad._version != version)]
+            if p.grad is not grad or grad._version != version]
     if late:
         raise RuntimeError(f"{late[:3]} changed after the wrapper had started their all-reduce: a "
                            "hook registered on a parameter after wrapping runs after the wrapper's, "
                            "so register such hooks before building DDPByHand")
 
 
-def _alone(grad: torch.Tensor) -> bool:
-    """Whether ``grad`` fills its storage alone. A slice of a larger one (autograd's slices of a
-    ``torch.cat`` of parameters, a flat buffer) shares a version counter with tensors that may be
-    written rightly, so for those only the gradient's identity is checked."""
-    return grad.numel() * grad.element_size() == grad.untyped_storage().nbytes()
+def own_gradient(param: torch.nn.Parameter) -> tuple[torch.Tensor, int]:
+    """``param.grad`` and its version, for the checks above. A gradient that autograd handed as a
+    slice of a larger tensor (the gradients of a ``torch.cat`` of parameters) shares its version
+    counter with the other slices, which the wrapper rightly writes: it is first copied into a
+    tensor of its own, so that any write to it shows in its version."""
+    grad = param.grad
+    if grad.numel() * grad.element_size() != grad.untyped_storage().nbytes():
+        param.grad = grad = grad.clone(memory_format=torch.contiguous_format)
+    return grad, grad._version
