@@ -371,40 +371,30 @@ def test_the_exercise_watcher_counts_all_reduces_and_their_waits_and_puts_the_cl
 
 
 def _contract_rank(rank, world_size):
-    """What the wrapper does where its contract is at stake: a step before finish (refused, for a
-    bucket per parameter and for buckets), a model wrapped again after an armed forward (the old
-    wrapper's hooks are gone), and broadcast_buffers=False (buffers left as each rank has them, as
-    DDP leaves them)."""
+    """What the wrapper does where its contract is at stake: after a backward pass that left a
+    parameter without gradient, a step, wrapping again and finish are refused (for a bucket per
+    parameter and for buckets); a model wrapped again after an armed forward (the old wrapper's
+    hooks are gone), and broadcast_buffers=False (buffers left as each rank has them, as DDP
+    leaves them)."""
     import torch.distributed as dist
 
     from course_utils.devices import wrap_ddp
 
     found = {}
     for cap in (None, 1.0):
-        model = _HalfUsed()
-        model.unused.requires_grad_(False)
+        model = _HalfUsed()  # its unused layer trains: the backward pass leaves buckets unstarted
         wrapped = DDPByHand(model, bucket_cap_mb=cap)
         optimizer = torch.optim.SGD(model.used.parameters(), lr=0.1)
         wrapped(torch.randn(2, 3) + rank).sum().backward()
-        try:
-            optimizer.step()
-            found["step before finish", cap] = None
-        except RuntimeError as err:
-            found["step before finish", cap] = str(err)
-        try:
-            DDPByHand(model, bucket_cap_mb=cap)  # while the first one's all-reduces are in flight
-            found["wrapped again before finish", cap] = None
-        except RuntimeError as err:
-            found["wrapped again before finish", cap] = str(err)
-        wrapped.finish_gradient_synchronization()
-        optimizer.step()  # now it may
-        wrapped(torch.randn(2, 3) + rank).sum().backward()
-        optimizer.zero_grad(set_to_none=False)  # before finish: the means would land on the zeros
-        try:
-            wrapped.finish_gradient_synchronization()
-            found["zero_grad before finish", cap] = None
-        except RuntimeError as err:
-            found["zero_grad before finish", cap] = str(err)
+        for what, act in (("step", optimizer.step), ("wrapped again", lambda m=model, c=cap: DDPByHand(m, c)),
+                          ("finish", wrapped.finish_gradient_synchronization)):
+            try:
+                act()
+                found[what, cap] = None
+            except RuntimeError as err:
+                found[what, cap] = str(err)
+        wrapped = None
+        dist.barrier()
     grads = {}
     for name in ("by hand", "torch DDP"):
         torch.manual_seed(0)
@@ -437,13 +427,12 @@ def _contract_rank(rank, world_size):
     return found
 
 
-def test_a_step_before_finish_is_refused_and_a_second_wrapper_replaces_the_first():
+def test_after_an_incomplete_backward_a_step_is_refused_and_a_second_wrapper_replaces_the_first():
     for found in launch(_contract_rank, 2, echo=False, backend="gloo", timeout_s=120):
         for cap in (None, 1.0):
-            refused = found["step before finish", cap]
-            assert "optimizer.step() before finish_gradient_synchronization()" in refused
-            assert "still has all-reduces unfinished" in found["wrapped again before finish", cap]
-            assert "changed between the backward pass and finish" in found["zero_grad before finish", cap]
+            assert "optimizer.step() after a backward pass that left all-reduces" in found["step", cap]
+            assert "still has all-reduces unfinished" in found["wrapped again", cap]
+            assert "did not get each of its gradients exactly once" in found["finish", cap]
         (mine, my_mean), (theirs, their_mean) = found["grads"]["by hand"], found["grads"]["torch DDP"]
         assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
         assert torch.equal(my_mean, their_mean)  # each rank's own buffers, as DDP leaves them
@@ -516,36 +505,111 @@ def test_gradients_that_share_a_storage_pass_and_a_hook_after_wrapping_is_refuse
         assert "a hook registered on a parameter after wrapping" in found["late hook"], found["late hook"]
 
 
-def _sliced_writes_rank(rank, world_size):
-    """Writes to gradients that autograd handed as slices of one tensor (a torch.cat of two
-    parameters): each misuse raises, as it does for a gradient of its own."""
-    def backward(model, wrapped):
-        wrapped(torch.randn(3, 3, generator=torch.Generator().manual_seed(rank))).square().mean().backward()
+def _writes_after_backward_rank(rank, world_size):
+    """What a training loop may do to .grad once backward() has returned (zero it in place, clip it
+    through .data, write it through NumPy, clip its norm), by hand and under torch's DDP, on a
+    model whose two parameters' gradients are slices of one tensor and on one whose gradients are
+    views of a flat buffer of the loop's own: the parameters after two steps, the buffer."""
+    from course_utils.devices import wrap_ddp
 
-    found = {}
-    misuses = {
-        "late hook": (lambda model: model.q.register_post_accumulate_grad_hook(_clamp), lambda m: None),
-        "zero_grad": (lambda model: None, lambda m: m.zero_grad(set_to_none=False)),
-        "clipping": (lambda model: None, lambda m: nn.utils.clip_grad_norm_(m.parameters(), 1e-3)),
+    writes = {
+        "zero_grad(set_to_none=False)": lambda m: m.zero_grad(set_to_none=False),
+        ".data.clamp_": lambda m: [p.grad.data.clamp_(-0.01, 0.01) for p in m.parameters()],
+        "numpy": lambda m: [p.grad.numpy().__setitem__(0, 0.0) for p in m.parameters()],
+        "clip_grad_norm_": lambda m: nn.utils.clip_grad_norm_(m.parameters(), 1e-2),
     }
-    for name, (before_backward, before_finish) in misuses.items():
-        torch.manual_seed(0)
-        model = _Concatenated()
-        wrapped = DDPByHand(model, 1.0)
-        before_backward(model)
+    found = {}
+    for model_name in ("concatenated", "flat buffer"):
+        for write_name, write in writes.items():
+            for cap in (None, 1.0):
+                for name in ("by hand", "torch DDP"):
+                    torch.manual_seed(0)
+                    model = _Concatenated()
+                    wrapped = DDPByHand(model, cap) if name == "by hand" else \
+                        wrap_ddp(model, torch.device("cpu"))
+                    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                    flat = torch.zeros(12)
+                    for step in range(2):
+                        if model_name == "flat buffer":  # .grad: views of the loop's own buffer
+                            flat.zero_()
+                            model.q.grad, model.k.grad = flat[:6].view(2, 3), flat[6:].view(2, 3)
+                        x = torch.randn(3, 3, generator=torch.Generator().manual_seed(10 * step + rank))
+                        wrapped(x).square().mean().backward()
+                        if model_name == "flat buffer":
+                            kept = model.q.grad.data_ptr() == flat.data_ptr()
+                            found[model_name, "view kept", name, cap] = kept
+                            found[model_name, "buffer", write_name, name, cap] = flat.clone()
+                        write(model)
+                        optimizer.step()
+                    found[model_name, write_name, name, cap] = \
+                        [p.detach().clone() for p in model.parameters()]
+                    wrapped = None
+    return found
+
+
+def test_writes_to_the_gradients_after_backward_are_as_under_torch_ddp():
+    """DDPByHand has finished when backward() returns, as DDP has: whatever the loop then does to
+    .grad, even past autograd's version counter (.data, NumPy), it does to the mean, as under DDP;
+    and a gradient that was a view of the loop's buffer is that view again, holding the mean."""
+    for found in launch(_writes_after_backward_rank, 2, echo=False, backend="gloo", timeout_s=120):
+        checked = 0
+        for key, value in found.items():
+            if isinstance(value, list) and key[2] == "by hand":
+                theirs = found[key[0], key[1], "torch DDP", key[3]]
+                assert all(torch.equal(a, b) for a, b in zip(value, theirs, strict=True)), key
+                checked += 1
+            elif key[1] == "buffer" and key[3] == "by hand":
+                assert torch.equal(value, found[key[0], key[1], key[2], "torch DDP", key[4]]), key
+            elif key[1] == "view kept":
+                assert value, key
+        assert checked == 2 * 4 * 2
+
+
+def _sliced_late_hook_rank(rank, world_size):
+    """A hook registered after wrapping that writes a gradient autograd handed as a slice of one
+    tensor (a torch.cat of two parameters): refused, as for a gradient of its own."""
+    torch.manual_seed(0)
+    model = _Concatenated()
+    wrapped = DDPByHand(model, 1.0)
+    model.q.register_post_accumulate_grad_hook(_clamp)
+    try:
+        wrapped(torch.randn(3, 3, generator=torch.Generator().manual_seed(rank))).square().mean().backward()
+        return None
+    except RuntimeError as err:
+        return str(err)
+
+
+def test_a_late_hook_writing_a_gradient_that_is_a_slice_of_one_tensor_is_refused():
+    for found in launch(_sliced_late_hook_rank, 2, echo=False, backend="gloo", timeout_s=120):
+        assert "a hook registered on a parameter after wrapping" in (found or ""), found
+
+
+def _refused_uses_rank(rank, world_size):
+    """backward(create_graph=True), and a model converted after wrapping: each raises, with why
+    (torch's DDP raises on the first and stops synchronising on the second)."""
+    found = {}
+    for cap in (None, 1.0):
+        model = nn.Linear(3, 3)
+        wrapped = DDPByHand(model, cap)
         try:
-            backward(model, wrapped)
-            before_finish(model)
-            wrapped.finish_gradient_synchronization()
-            found[name] = None
+            wrapped(torch.randn(2, 3)).square().sum().backward(create_graph=True)
+            found["create_graph", cap] = None
         except RuntimeError as err:
-            found[name] = str(err)
+            found["create_graph", cap] = str(err)
+        model = nn.Linear(3, 3)
+        wrapped = DDPByHand(model, cap)
+        model.double()
+        try:
+            wrapped(torch.randn(2, 3, dtype=torch.float64))
+            found["double", cap] = None
+        except RuntimeError as err:
+            found["double", cap] = str(err)
         wrapped = None
     return found
 
 
-def test_writes_to_gradients_that_are_slices_of_one_tensor_are_refused():
-    for found in launch(_sliced_writes_rank, 2, echo=False, backend="gloo", timeout_s=120):
-        assert "a hook registered on a parameter after wrapping" in (found["late hook"] or ""), found
-        for name in ("zero_grad", "clipping"):
-            assert "changed between the backward pass and" in (found[name] or ""), found
+def test_a_graph_of_the_gradients_and_a_model_converted_after_wrapping_are_refused():
+    for found in launch(_refused_uses_rank, 2, echo=False, backend="gloo", timeout_s=120):
+        for cap in (None, 1.0):
+            assert "create_graph=True" in (found["create_graph", cap] or ""), found
+            assert "changed dtype or device after wrapping" in (found["double", cap] or ""), found

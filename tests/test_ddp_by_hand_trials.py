@@ -7,8 +7,10 @@ is exact, so dividing before or after the sum gives the same floats); on 3, up t
 import pytest
 import torch
 
+from course_utils.compat import queue_backward_callback
 from course_utils.ddp.by_hand import DDPByHand
 from course_utils.ddp.by_hand_arming import ARMING_CASES, arming_rank
+from course_utils.ddp.by_hand_guard import own_gradient
 from course_utils.ddp.by_hand_trials import TRIALS, trial_model, trial_rank
 from course_utils.distributed import launch
 
@@ -84,22 +86,25 @@ class _FillOrder(DDPByHand):
 
     def _gradient_ready(self, param):
         b = self.bucket_of[param]
-        self.ready[param] = (param.grad, param.grad._version)
+        self.ready[param] = own_gradient(param)
         self.arrived[b] += 1
         if self.arrived[b] == len(self.buckets[b]):
             self._start_all_reduce(b)
             self.next_bucket += 1  # here: how many have started
+        if self.next_bucket == len(self.buckets):
+            queue_backward_callback(self._backward_ended)
 
 
 def _fill_order_rank(rank, world_size):
     import torch.distributed as dist
     import torch.nn.functional as F
 
+    from course_utils.ddp.timeline import Timeline
+
     model = trial_model("routed", rank)
-    wrapped = _FillOrder(model, None, rebuild_buckets=False)
+    wrapped = _FillOrder(model, None, Timeline(), rebuild_buckets=False)
     F.mse_loss(wrapped(torch.randn(4, 8)), torch.zeros(4, 2)).backward()
-    issued = [b for b, _, _ in wrapped.in_flight]
-    wrapped.finish_gradient_synchronization()
+    issued = [e.index for e in wrapped.timeline.events if e.what == "all_reduce_start"]
     dist.barrier()
     return issued, {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -219,17 +224,12 @@ def test_buffers_and_no_grad_forwards_follow_torch_ddps_rules():
 def test_a_forward_arms_the_hooks_and_the_backward_that_completes_them_disarms_as_in_torch_ddp():
     """DDP's reducer acts on a backward pass after a forward run with gradients outside no_sync
     (whatever forwards follow it) and stops when that backward has started every bucket: a second
-    backward of the same graph is not synchronised. The wrapper's grads equal DDP's bit for bit;
-    where DDP finishes by itself at the end of the backward and the wrapper was not told to, the
-    wrapper raises instead of racing an all-reduce in flight."""
+    backward of the same graph is not synchronised. The wrapper's grads equal DDP's bit for bit,
+    and it raises where DDP raises."""
     for found in launch(arming_rank, 2, echo=False, backend="gloo", timeout_s=120):
         outcome = {}
         for case in ARMING_CASES:
             mine, theirs = found[case, "by hand"], found[case, "torch DDP"]
-            if "not finished between" in case:
-                assert theirs["error"] is None and not theirs["ranks equal"]
-                assert "before finish_gradient_synchronization()" in mine["error"], mine["error"]
-                continue
             if "left out, then a forward" in case:  # both refuse the forward after an incomplete sync
                 assert "Expected to have finished reduction in the prior" in theirs["error"], theirs["error"]
                 assert "did not get each of its gradients" in mine["error"], mine["error"]
@@ -245,7 +245,7 @@ def test_a_forward_arms_the_hooks_and_the_backward_that_completes_them_disarms_a
             assert mine["ranks equal"] == theirs["ranks equal"], case
         assert outcome == {"a forward, then one in no_sync, one backward of the second": True,
                            "a forward in no_sync, then one outside, one backward of the first": True,
-                           "one forward, two backward passes of its graph, finished between": False}
+                           "one forward, two backward passes of its graph": False}
 
 
 class _Mixed(torch.nn.Module):

@@ -57,19 +57,16 @@ def accumulate_step(ddp_model: DDPByHand, optimizer: torch.optim.Optimizer, x: t
         with ddp_model.no_sync() if i < k - 1 else contextlib.nullcontext():
             loss = F.binary_cross_entropy_with_logits(ddp_model(xm).squeeze(-1), ym)
             (loss / k).backward()  # the mean over the rank's rows: each micro-batch's share
-    ddp_model.finish_gradient_synchronization()
-    optimizer.step()
+    optimizer.step()  # the last backward has averaged the gradients (DDPByHand finishes, as DDP)
     optimizer.zero_grad()
     # endregion
 
 
 def _synced_every_micro_batch(ddp_model: DDPByHand, optimizer: torch.optim.Optimizer, x: torch.Tensor,
                               y: torch.Tensor, k: int) -> None:
-    """Accumulation without ``no_sync``: every backward all-reduces (the next forward, or the last
-    ``finish_gradient_synchronization``, waits for it)."""
+    """Accumulation without ``no_sync``: every backward all-reduces (and waits for it as it ends)."""
     for xm, ym in zip(x.tensor_split(k), y.tensor_split(k), strict=True):
         (F.binary_cross_entropy_with_logits(ddp_model(xm).squeeze(-1), ym) / k).backward()
-    ddp_model.finish_gradient_synchronization()
     optimizer.step()
     optimizer.zero_grad()
 

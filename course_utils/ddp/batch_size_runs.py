@@ -125,7 +125,6 @@ def noise_scale_rank(rank: int, world_size: int, per_rank_batch: int, lr: float,
         x, y = batch_task.batch(generator, per_rank_batch)
         optimizer.zero_grad()
         F.binary_cross_entropy_with_logits(ddp_model(x.to(device)).squeeze(-1), y.to(device)).backward()
-        ddp_model.finish_gradient_synchronization()
         optimizer.step()
         weights.append(model.weight.detach().cpu()[0].clone())
         losses.append(float(batch_task.loss(weights[-1])))

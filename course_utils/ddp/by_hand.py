@@ -29,7 +29,7 @@ from torch import nn
 from .._checks import check_dense
 from ..compat import queue_backward_callback
 from .buckets import assign_buckets, fill_buckets
-from .by_hand_guard import guard_steps, own_gradient, refuse_late_writes, refuse_written_gradients, take_over
+from .by_hand_guard import guard_steps, own_gradient, refuse_changed_parameters, refuse_late_writes, take_over
 from .timeline import Event, Timeline
 
 __all__ = ["DDPByHand", "Event", "Timeline", "assign_buckets", "average_gradients",
@@ -67,12 +67,10 @@ class DDPByHand(nn.Module):
     """Data parallelism on the current process group, written by hand (steps 2 and 3).
 
     ``DDPByHand(module, bucket_cap_mb=None)`` keeps ``module`` as ``.module`` (so the state dict's
-    keys start with ``module.``, as under DDP), and its forward is the module's. Use it as DDP,
-    with one call more::
+    keys start with ``module.``, as under DDP), and its forward is the module's. Use it as DDP::
 
         ddp_model = DDPByHand(model, bucket_cap_mb=1)
-        loss_fn(ddp_model(x), y).backward()   # the hooks start the all-reduces
-        ddp_model.finish_gradient_synchronization()   # wait for them, divide
+        loss_fn(ddp_model(x), y).backward()   # the hooks start the all-reduces; at its end, the means
         optimizer.step()
 
     When it is built, every rank takes rank 0's parameters and buffers. Each parameter that trains
@@ -90,6 +88,18 @@ class DDPByHand(nn.Module):
     ``finish_gradient_synchronization`` waits, divides by the world size and copies the mean back
     into each ``.grad``. A bucket of one parameter is reduced in ``.grad`` itself.
 
+    **Finished when backward ends, as DDP.** When the last bucket starts, its hook queues
+    ``finish_gradient_synchronization`` on autograd's engine (DDP's reducer queues its own end the
+    same way), which runs it once every gradient of the backward pass is computed, before
+    ``backward()`` returns: by then each ``.grad`` holds the mean, and a call after ``backward()``
+    finds nothing left to do. A hook registered on a parameter after wrapping runs after the
+    wrapper's (DDP's reducer runs after every hook); one that writes the gradient is refused there
+    (a gradient that is a slice of a larger tensor is worked on in a copy of its own until then, so
+    that a write to it shows, and the mean then goes into the original, which ``.grad`` holds
+    again). ``backward(create_graph=True)`` raises, as in DDP, and so does a forward after the
+    parameters changed dtype or device (``model.double()`` after wrapping), where DDP stops
+    synchronising them without a word.
+
     **Rebuilt once, in the order the gradients arrived.** The first buckets assume that backward
     produces the gradients in reverse registration order. The first synchronised step records the
     order in which they really arrived; at the next forward run with gradients (``no_sync()`` or
@@ -103,26 +113,16 @@ class DDPByHand(nn.Module):
     ``with ddp_model.no_sync():`` a forward arms nothing and the gradients add up in ``.grad`` on
     each rank; a forward under ``no_sync()`` after an armed one leaves it armed (its backward is
     synchronised, as in DDP); a second backward pass of one graph (``retain_graph=True``) finds the
-    hooks disarmed and adds this rank's gradients to the mean, unsynchronised, as in DDP.
-    ``finish_gradient_synchronization()`` waits for the all-reduces and divides; torch's DDP does
-    that at the end of the backward pass by itself (a callback it queues on autograd's engine), so
-    here a forward that finds every bucket started finishes them too, while a backward pass that
-    reaches a parameter before the previous one's all-reduces were finished, or an optimizer's
-    ``step()`` over its parameters before then, raises instead of using a gradient whose
-    all-reduce may still be in flight; so does finish if a gradient was written in between
-    (``zero_grad()``, in-place clipping), while a read (an update written by hand) sees this rank's
-    gradient or the undivided sum. A hook registered on a parameter after wrapping runs after the
-    wrapper's (DDP's reducer runs after every hook); one that writes the gradient is refused at
-    the end of backward (a gradient that is a slice of a larger tensor is copied into one of its
-    own first, so that a write to it shows). A wrapper
+    hooks disarmed and adds this rank's gradients to the mean, unsynchronised, as in DDP. A wrapper
     built on parameters that an earlier one hooked takes their hooks (it raises if the earlier one
     has all-reduces unfinished), and the earlier one's forward raises from then on.
 
     **Missing gradients.** A parameter that trains and gets no gradient in an armed backward pass
-    (unused) leaves its bucket incomplete, and the buckets after it are never started:
-    ``finish_gradient_synchronization()`` raises ``RuntimeError`` on that rank, and so does the next
-    forward run with gradients (where DDP raises) or a backward pass that reaches a parameter twice
-    (as DDP's "mark a variable ready only once"); a rank that did get every gradient waits in its
+    (unused) leaves its bucket incomplete, and the buckets after it are never started, so nothing
+    is finished when that backward ends: the next forward run with gradients raises
+    ``RuntimeError`` on that rank (where DDP raises), and so do an optimizer's ``step()`` over its
+    parameters, ``finish_gradient_synchronization()`` and a backward pass that reaches a parameter
+    twice (as DDP's "mark a variable ready only once"); a rank that did get every gradient waits in its
     all-reduce until the one that raised has gone, and then fails too. DDP's
     ``find_unused_parameters=True``, which marks such parameters ready, is not written here.
 
@@ -147,6 +147,7 @@ class DDPByHand(nn.Module):
         broadcast_from_rank_0(module, buffers=broadcast_buffers)  # as DDP
         self.trainable = [p for p in module.parameters() if p.requires_grad]
         self.index_of = {param: i for i, param in enumerate(self.trainable)}
+        self.layout = [(p.dtype, p.device) for p in self.trainable]  # the buckets are made for these
         self.require_sync = True  # False under no_sync()
         self.armed = False  # the hooks act: set by a synchronised forward, cleared by its backward
         self.buffers_follow = True  # whether the next forward starts with rank 0's buffers
@@ -155,7 +156,7 @@ class DDPByHand(nn.Module):
         for param in self.trainable:
             take_over(param, self)  # from a wrapper built before on this parameter, if any
             param.by_hand_hook = param.register_post_accumulate_grad_hook(self._gradient_ready)
-        guard_steps(self)  # an optimizer's step before finish_gradient_synchronization() raises
+        guard_steps(self)  # an optimizer's step while all-reduces are unfinished raises
 
     def _set_buckets(self, buckets: list[list[nn.Parameter]]) -> None:
         check_dense(self.module)  # a bucket is one flat tensor: no sparse gradient fits
@@ -170,18 +171,17 @@ class DDPByHand(nn.Module):
     def _reset(self) -> None:
         self.arrived = [0] * len(self.buckets)  # gradients ready in each bucket, this step
         self.next_bucket = 0  # the next bucket to start: buckets start in order
-        self.ready: dict[nn.Parameter, tuple] = {}  # marked ready since the last finish: (grad, version)
+        self.ready: dict[nn.Parameter, tuple] = {}  # marked ready since the last finish: own_gradient
         self.in_flight: list[tuple[int, torch.Tensor, Any]] = []  # (bucket, tensor, handle)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if getattr(self, "replaced", False):
             raise RuntimeError("a newer DDPByHand wraps these parameters and took their hooks: train "
                                "with that one (this one would no longer synchronise anything)")
+        refuse_changed_parameters(self)
         grad = torch.is_grad_enabled()
         synced = grad and self.require_sync  # a forward under no_grad or no_sync arms nothing
-        if self.ready and (grad or self.next_bucket == len(self.buckets)):
-            # every bucket started: wait for them now (DDP waited at the end of that backward);
-            # some never started: a forward with gradients raises here, as DDP's does
+        if self.ready and grad:  # the last backward left buckets unstarted: raise, as DDP's forward
             self.finish_gradient_synchronization()
         if grad and self.arrival and len(self.arrival) == len(self.trainable):
             self._rebuild_buckets()  # as DDP: at the first forward with gradients after a full step
@@ -210,21 +210,15 @@ class DDPByHand(nn.Module):
 
     def _gradient_ready(self, param: nn.Parameter) -> None:
         """The hook: ``param.grad`` is complete. Start every bucket whose turn has come."""
-        if not self.armed:
-            if self.ready:  # every bucket started, not finished: .grad may be in flight
-                raise RuntimeError(
-                    f"a backward pass reached {self._name(param)} before "
-                    "finish_gradient_synchronization() (or a forward) finished the all-reduces of "
-                    "the one before it: call it after each synchronised backward (torch's DDP "
-                    "finishes them at the end of that backward by itself)")
-            return
         if param in self.ready:
             raise RuntimeError(f"{self._name(param)} was marked ready twice in one synchronisation: "
                                "a backward pass left a parameter out and the next reached one again, "
                                "or a reentrant checkpoint (use_reentrant=True) sent it a second "
                                "gradient in one backward pass (DDP: 'Expected to mark a variable "
                                "ready only once')")
-        self.ready[param] = own_gradient(param)  # (.grad, its version): finish checks nothing wrote to it
+        if not self.armed:
+            return  # under no_sync(), or a second backward pass of one graph: as in DDP
+        self.ready[param] = own_gradient(param)  # (.grad, its version, ...): nothing may write to it
         b = self.bucket_of[param]
         self.arrived[b] += 1
         if self.arrival is not None:
@@ -235,7 +229,15 @@ class DDPByHand(nn.Module):
             self.next_bucket += 1
         if self.next_bucket == len(self.buckets):
             self.armed = False  # every bucket started: this backward's work is done (DDP's finalize)
-            queue_backward_callback(lambda: refuse_late_writes(self))  # when the backward pass ends
+            queue_backward_callback(self._backward_ended)  # autograd runs it when backward ends
+
+    def _backward_ended(self) -> None:
+        """Run by autograd's engine once the backward pass has computed every gradient, before
+        ``backward()`` returns, as DDP's reducer finishes: refuse a gradient that a hook wrote after
+        the wrapper's, then wait for the all-reduces and leave the means in ``.grad``."""
+        self.timeline.mark("backward_end")
+        refuse_late_writes(self)
+        self.finish_gradient_synchronization()
 
     def _name(self, param: nn.Parameter) -> str:
         return next(n for n, p in self.module.named_parameters() if p is param)
@@ -260,14 +262,13 @@ class DDPByHand(nn.Module):
         self._set_buckets(fill_buckets([self.trainable[i] for i in order.tolist()], self.bucket_cap_mb))
 
     def finish_gradient_synchronization(self) -> None:
-        """After ``backward()``, before ``optimizer.step()``: wait for every all-reduce, in the
-        order they started, and leave each ``.grad`` holding the mean over the ranks (after a
-        backward under ``no_sync()``, nothing to do)."""
+        """Wait for every all-reduce, in the order they started, and leave each ``.grad`` holding
+        the mean over the ranks. Autograd's engine calls it when the backward pass that started the
+        last bucket ends; a later call finds nothing to do, unless a bucket never started (a
+        parameter got no gradient): then it raises, and says which."""
         if not self.ready:
             return  # no synchronised backward since the last call
         missing = list(range(self.next_bucket, len(self.buckets)))  # never started
-        if not missing:
-            refuse_written_gradients(self)
         for b, flat, handle in self.in_flight:
             self.timeline.mark("wait_start", b)
             handle.wait()
@@ -277,6 +278,9 @@ class DDPByHand(nn.Module):
             if len(bucket) > 1:
                 for param, mean in zip(bucket, flat.split([p.numel() for p in bucket]), strict=True):
                     param.grad.copy_(mean.view_as(param))
+        for param, (grad, _, original) in self.ready.items():
+            if original is not None:  # a slice of a larger tensor, copied by own_gradient
+                param.grad = original.copy_(grad)
         self._reset()
         if missing:
             self.armed = False
@@ -286,5 +290,5 @@ class DDPByHand(nn.Module):
                 f"bucket {missing[0]} did not get each of its gradients exactly once in this backward "
                 f"pass (it holds {[self._name(p) for p in self.buckets[missing[0]]]}), so buckets "
                 f"{missing} were never all-reduced and the ranks would drift apart: every parameter "
-                "that trains must take part in the loss, and finish_gradient_synchronization() must "
-                "follow every backward()")
+                "that trains must take part in the loss (DDP's find_unused_parameters=True, which "
+                "marks the others ready, is not written here)")

@@ -25,14 +25,11 @@ __all__ = ["ARMING_CASES", "arming_rank"]
 
 #: name -> moves: "synced" (a forward outside no_sync), "quiet" (a forward inside it), "backward K"
 #: (backward of the K-th forward's loss, its graph kept), "backward head" (a loss of the last layer
-#: alone: the other parameters get no gradient), "finish" (finish_gradient_synchronization)
+#: alone: the other parameters get no gradient)
 ARMING_CASES: dict[str, tuple[str, ...]] = {
     "a forward, then one in no_sync, one backward of the second": ("synced", "quiet", "backward 2"),
     "a forward in no_sync, then one outside, one backward of the first": ("quiet", "synced", "backward 1"),
-    "one forward, two backward passes of its graph, finished between": (
-        "synced", "backward 1", "finish", "backward 1"),
-    "one forward, two backward passes of its graph, not finished between": (
-        "synced", "backward 1", "backward 1"),
+    "one forward, two backward passes of its graph": ("synced", "backward 1", "backward 1"),
     "a parameter left out, then a forward in no_sync": ("synced", "backward head", "quiet"),
     "a parameter left out, then a backward of the whole graph": ("synced", "backward head", "backward 1"),
 }
@@ -55,11 +52,9 @@ def _play(wrapped: Any, model: torch.nn.Module, moves: tuple[str, ...], rank: in
                     losses.append(F.mse_loss(wrapped(x), target))
             elif move == "backward head":
                 F.mse_loss(head(torch.ones(4, head.in_features, device=device)), target).backward()
-            elif move.startswith("backward"):
-                losses[int(move.split()[1]) - 1].backward(retain_graph=True)
             else:
-                finish()
-        finish()
+                losses[int(move.split()[1]) - 1].backward(retain_graph=True)
+        finish()  # DDPByHand: nothing left to do after a complete backward; else it raises
     except RuntimeError as err:
         return str(err)
     return None

@@ -85,8 +85,8 @@ def train_rank(rank: int, world_size: int, version: str, bucket_cap_mb: float | 
     with ``count``, per step the elements of each all-reduce that ran ``during`` the backward pass
     and ``after`` it, until the gradients were synchronised. ``seeded_differently``: rank r builds
     its model under seed r, and the version must make the ranks equal. ``wrapper``: a class built
-    as ``wrapper(model, bucket_cap_mb)`` in place of :class:`DDPByHand` (a learner's answer), with
-    the same ``finish_gradient_synchronization()``; it records no timeline.
+    as ``wrapper(model, bucket_cap_mb)`` in place of :class:`DDPByHand` (a learner's answer), whose
+    ``finish_gradient_synchronization()`` the loop calls after ``backward()``; it records no timeline.
     """
     device = rank_device()
     model = lesson_model(tied, frozen, seed=rank if seeded_differently else 0).to(device)
@@ -110,12 +110,13 @@ def train_rank(rank: int, world_size: int, version: str, bucket_cap_mb: float | 
         loss = F.mse_loss(ddp_model(x), y)
         before = _all_reduces() if count else []
         timeline.mark("backward_start")
-        loss.backward()
-        timeline.mark("backward_end")
+        loss.backward()  # DDPByHand has finished, as DDP has, and marked backward_end itself
+        if not isinstance(ddp_model, DDPByHand):
+            timeline.mark("backward_end")
         at_end = _all_reduces() if count else []
         if version == "after_backward":
             average_gradients(model, timeline)
-        elif version != "torch_ddp":
+        elif wrapper is not None:  # exercise 06.2's wrapper: the loop waits for its all-reduces
             ddp_model.finish_gradient_synchronization()
         if count:
             counts.append({"during": _between(before, at_end), "after": _between(at_end, _all_reduces())})

@@ -111,12 +111,10 @@ def timelines_rank(rank: int, world_size: int, width: int, rows: int, bucket_cap
             dist.barrier()
             loss = F.cross_entropy(ddp_model(x), y)
             timeline.mark("backward_start")
-            loss.backward()
-            timeline.mark("backward_end")
+            loss.backward()  # DDPByHand marks backward_end itself, before it waits, as it ends
             if version == "after_backward":
+                timeline.mark("backward_end")
                 average_gradients(model, timeline)
-            else:
-                ddp_model.finish_gradient_synchronization()
             if timeline.record:
                 result[version].append(timeline.events)
         ddp_model = model = None
@@ -175,8 +173,6 @@ def step_times_rank(rank: int, world_size: int, width: int, rows: int, bucket_ca
             F.cross_entropy(ddp_model(x), y).backward()
             if version == "after_backward":
                 average_gradients(ddp_model)
-            elif version != "torch_ddp":
-                ddp_model.finish_gradient_synchronization()
             optimizers[version].step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)

@@ -26,10 +26,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..compat import queue_backward_callback
 from ..devices import rank_device, wrap_ddp
 from ..faults.snapshots import state_copy
 from ..models import seeded
 from .by_hand import DDPByHand
+from .by_hand_guard import own_gradient
 
 __all__ = ["TRIALS", "FillOrderDDP", "Routed", "comm_hook_rank", "defined_out_of_order",
            "divide_then_all_reduce", "routed_orders_rank", "torch_bucket_counts_rank", "trial_model",
@@ -180,11 +182,13 @@ class FillOrderDDP(DDPByHand):
 
     def _gradient_ready(self, param: nn.Parameter) -> None:
         b = self.bucket_of[param]
-        self.ready[param] = (param.grad, param.grad._version)
+        self.ready[param] = own_gradient(param)
         self.arrived[b] += 1
         if self.arrived[b] == len(self.buckets[b]):
             self._start_all_reduce(b)
             self.next_bucket += 1  # here: how many have started
+        if self.next_bucket == len(self.buckets):
+            queue_backward_callback(self._backward_ended)  # finished as DDPByHand is
 
 
 def routed_orders_rank(rank: int, world_size: int) -> dict[str, dict[str, Any]]:

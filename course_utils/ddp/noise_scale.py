@@ -130,8 +130,9 @@ class NoiseScaleDDP(DDPByHand):
     would see it), and the averaged gradient once the step is synchronised; then one scalar
     all-reduce gives the mean over the ranks of the local squared norms.
 
-    After ``finish_gradient_synchronization()``, ``sq_norms`` is ``(mean local squared norm,
-    squared norm of the averaged gradient)``; ``history`` keeps every step's pair.
+    After a synchronised ``backward()`` (which ends in ``finish_gradient_synchronization()``),
+    ``sq_norms`` is ``(mean local squared norm, squared norm of the averaged gradient)``;
+    ``history`` keeps every step's pair.
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None, **kwargs: Any) -> None:

@@ -48,18 +48,6 @@ def reference_weights(world_size: int, rows_per_rank: int, k: int, how: str) -> 
     return model.weight.detach()[0]
 
 
-def _watched(step: Any, ddp_model: Any, report: dict) -> Any:
-    """``optimizer.step`` that notes, in ``report``, a step taken while a synchronised backward's
-    all-reduce is not finished."""
-    def watched_step(*args: Any, **kwargs: Any) -> Any:
-        if any(ddp_model.arrived):
-            report["unfinished_step"] = True
-            ddp_model.finish_gradient_synchronization()  # the wrapper would refuse the step: the
-            # check names the fault instead
-        return step(*args, **kwargs)
-    return watched_step
-
-
 def accumulation_answer_rank(rank: int, world_size: int, answer: Any, ks: Sequence[int],
                              rows_per_rank: int) -> dict[int, dict]:
     """For each ``k`` of ``ks``: a fresh model under ``DDPByHand``, ``ACCUMULATION_STEPS`` calls of
@@ -76,12 +64,11 @@ def accumulation_answer_rank(rank: int, world_size: int, answer: Any, ks: Sequen
         model = batch_task.model().to(device)
         ddp_model = DDPByHand(model)
         optimizer = torch.optim.SGD(ddp_model.parameters(), lr=ACCUMULATION_LR, momentum=MOMENTUM)
-        report: dict[str, Any] = {"all_reduces": [], "rows": [], "backwards": [], "unfinished_step": False}
+        report: dict[str, Any] = {"all_reduces": [], "rows": [], "backwards": []}
         model.register_forward_pre_hook(lambda _, args, rows=report["rows"]: rows.append(len(args[0])))
         arrivals = {param: 0 for param in model.parameters()}  # backward passes that reached each .grad
         for param in arrivals:
             param.register_post_accumulate_grad_hook(lambda p, n=arrivals: n.__setitem__(p, n[p] + 1))
-        optimizer.step = _watched(optimizer.step, ddp_model, report)
         last = max(all_reduce_records(), default=-1)
         for x, y in global_batches(world_size, rows_per_rank):
             x, y = x.tensor_split(world_size)[rank].to(device), y.tensor_split(world_size)[rank].to(device)
