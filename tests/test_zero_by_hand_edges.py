@@ -3,6 +3,7 @@ that start from different seeds, BatchNorm's buffers, a frozen and a tied weight
 passes before a step, and a parameter that gets no gradient."""
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -286,3 +287,57 @@ def test_a_unit_of_two_dtypes_is_refused_with_a_reason():
 
     for message in launch(rank_fn, 2, echo=False, backend="gloo", timeout_s=60):
         assert "differ in dtype or device" in message
+
+
+def _clipped(rank, world_size):
+    """Three steps clipped to a norm of 0.05 (below the gradients' norm: every step clips) under
+    torch's DDP with nn.utils.clip_grad_norm_ and under each stage with its clip_grad_norm_: the
+    parameters and the norms each returned; and which optimizers each stage refuses."""
+    from course_utils.devices import wrap_ddp
+
+    found = {}
+    for stage in (None, *STAGES):
+        torch.manual_seed(rank)
+        model = _Net(tied=False, spare=False)
+        if stage is None:
+            wrapped = wrap_ddp(model, torch.device("cpu"))
+            optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+            clip = functools.partial(nn.utils.clip_grad_norm_, list(model.parameters()), 0.05)
+        else:
+            zero = ZeroByHand(model, stage, torch.optim.SGD, lr=0.5)
+            wrapped, optimizer, clip = model, zero, (lambda z=zero: z.clip_grad_norm_(0.05))
+        norms = []
+        for step in range(3):
+            optimizer.zero_grad()
+            g = torch.Generator().manual_seed(100 * step + rank)
+            x, y = torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)
+            nn.functional.mse_loss(wrapped(x), y).backward()
+            norms.append(float(clip()))
+            optimizer.step()
+        params = [p.detach().clone() for p in model.parameters()] if stage is None else zero.full_parameters()
+        found[stage] = {"params": params, "norms": norms}
+        wrapped = None
+    refused = {}
+    for stage in STAGES:
+        for cls in (torch.optim.Adafactor, torch.optim.LBFGS, torch.optim.Adam):
+            try:
+                ZeroByHand(_Net(tied=False, spare=False), stage, cls)
+                refused[stage, cls.__name__] = None
+            except ValueError as err:
+                refused[stage, cls.__name__] = str(err)
+    found["refused"] = refused
+    return found
+
+
+def test_clip_grad_norm_clips_as_ddp_and_an_optimizer_that_is_not_elementwise_is_refused():
+    for n in (2, 3):
+        for found in launch(_clipped, n, echo=False, backend="gloo", timeout_s=120):
+            ddp = found[None]
+            assert all(norm > 0.05 for norm in ddp["norms"])  # every step clipped
+            for stage in STAGES:
+                torch.testing.assert_close(found[stage]["norms"], ddp["norms"], rtol=1e-5, atol=0)
+                for mine, theirs in zip(found[stage]["params"], ddp["params"], strict=True):
+                    torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+            for (stage, name), error in found["refused"].items():
+                assert (error is not None) == (stage >= 1 and name != "Adam"), (stage, name, error)
+                assert error is None or "updates each element on its own" in error

@@ -16,7 +16,42 @@ from .._checks import check_int
 from ..compat import all_gather_single, reduce_scatter_single
 from ..ddp.collectives import ring_bytes_per_rank
 
-__all__ = ["CommLog", "FlatUnit", "output_tensors", "refuse_shared", "shard_numel"]
+__all__ = ["ELEMENTWISE", "CommLog", "FlatUnit", "check_elementwise", "clip_units", "held_bytes",
+           "output_tensors", "refuse_shared", "shard_numel"]
+
+#: optimizers that update each element from its own gradient and state: stages 1-3 hand the
+#: optimizer 1-D slices of flat buffers, which changes nothing for these alone
+ELEMENTWISE: tuple[type, ...] = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad,
+                                 torch.optim.Adadelta, torch.optim.Adamax, torch.optim.ASGD,
+                                 torch.optim.NAdam, torch.optim.RAdam, torch.optim.RMSprop, torch.optim.Rprop)
+
+
+def check_elementwise(optimizer_cls: Any, stage: int) -> None:
+    """Stages 1-3: refuse an optimizer that does not update each element on its own (Adafactor
+    factors 2-D weights, LBFGS uses the whole vector): on a 1-D slice it would compute something
+    else, with no error."""
+    if stage >= 1 and not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, ELEMENTWISE)):
+        raise ValueError(
+            f"stages 1-3 give the optimizer 1-D slices of flat buffers, which is right only for one that "
+            f"updates each element on its own ({', '.join(c.__name__ for c in ELEMENTWISE)}); "
+            f"{getattr(optimizer_cls, '__name__', optimizer_cls)!s} is not one of them: use stage 0, or "
+            "ZeroRedundancyOptimizer, which shards whole parameters")
+
+
+def clip_units(zero: Any, max_norm: float) -> torch.Tensor:
+    """``ZeroByHand.clip_grad_norm_``: the norm of the whole averaged gradient (stage 0: every rank
+    holds it; stages 1-3: the sum of each rank's shards' squares, all-reduced), and every gradient
+    scaled by ``min(1, max_norm / (norm + 1e-6))``, torch's ``clip_grad_norm_`` rule."""
+    zero.reduce_gradients()
+    grads = [u.flat_grad() if zero.stage == 0 else u.shard.grad for u in zero.units]
+    squares = torch.stack([g.detach().double().square().sum() for g in grads]).sum()
+    if zero.stage >= 1:
+        zero.comm.all_reduce(squares)
+    total = squares.sqrt()
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(coef.to(g.dtype))
+    return total.to(grads[0].dtype)
 
 
 def shard_numel(numel: int, world_size: int) -> int:
@@ -139,3 +174,21 @@ def refuse_shared(model: nn.Module) -> None:
                                  "tied weight): use stages 0-2, or FSDP with the shared parameter "
                                  "in the unit of a module above both")
             owners.setdefault(p, name)
+
+
+def held_bytes(zero: Any) -> dict[str, int]:
+    """Bytes of model state the rank of ``zero`` (a ``ZeroByHand``) holds now: parameters,
+    gradients, optimizer state. Counted from the tensors: the flat buffers' storage (0 while
+    freed), stage 3's shards, every ``.grad`` (a view of a flat gradient counts once), and the
+    optimizer's state tensors of a parameter's size (Adam's ``step`` counters, one scalar each, are
+    left out)."""
+    params = sum(u.flat.untyped_storage().nbytes() for u in zero.units)
+    if zero.stage == 3:
+        params += sum(u.shard.nbytes for u in zero.units)
+    storages = {}
+    for t in [p.grad for u in zero.units for p in u.params] + [u.shard.grad for u in zero.units]:
+        if t is not None:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    state = sum(v.nbytes for p, s in zero.optimizer.state.items()
+                for v in s.values() if torch.is_tensor(v) and v.shape == p.shape)
+    return {"parameters": params, "gradients": sum(storages.values()), "optimizer state": state}

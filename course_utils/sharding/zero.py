@@ -53,7 +53,16 @@ from torch import nn
 
 from .._checks import check_dense
 from ..compat import all_gather_single
-from .flat_units import CommLog, FlatUnit, output_tensors, refuse_shared, shard_numel
+from .flat_units import (
+    CommLog,
+    FlatUnit,
+    check_elementwise,
+    clip_units,
+    held_bytes,
+    output_tensors,
+    refuse_shared,
+    shard_numel,
+)
 
 __all__ = ["CommLog", "STAGES", "ZeroByHand", "shard_numel"]
 
@@ -63,10 +72,11 @@ STAGES = (0, 1, 2, 3)
 class ZeroByHand:
     """Train ``model`` with data parallelism at ZeRO ``stage`` (0-3) by hand (notebook 10).
 
-    ``optimizer_cls(params, **optimizer_kwargs)`` is built over the shards (stages 1-3) or the
-    whole model (stage 0). Call ``zero_grad()``, the forward and ``loss.backward()``, then
-    ``step()``. The loss is the mean over this rank's rows: gradients are averaged over ranks.
-    """
+    ``optimizer_cls(params, **optimizer_kwargs)`` is built over the shards (stages 1-3: one of
+    ``flat_units.ELEMENTWISE``) or the whole model (stage 0). Call ``zero_grad()``, the forward,
+    ``loss.backward()``, ``clip_grad_norm_(max_norm)`` to clip (``nn.utils.clip_grad_norm_`` would
+    see this rank's own gradients at stages 0-1, none at 2-3), then ``step()``. The loss is the
+    mean over this rank's rows: gradients are averaged over ranks."""
 
     def __init__(self, model: nn.Module, stage: int, optimizer_cls: type = torch.optim.AdamW,
                  comm: CommLog | None = None, **optimizer_kwargs: Any) -> None:
@@ -77,6 +87,7 @@ class ZeroByHand:
         if not dist.is_initialized():
             raise RuntimeError("ZeroByHand needs a process group: run it inside launch(...)")
         check_dense(model)
+        check_elementwise(optimizer_cls, stage)
         self.model, self.stage = model, stage
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         self.comm = comm if comm is not None else CommLog()
@@ -225,8 +236,12 @@ class ZeroByHand:
                                "follow, since each all-gather pairs the shards by the order it is called in")
 
     # region: step
-    def step(self) -> None:
-        """Reduce the gradients (stages 0-1; 2-3 did during backward), step, gather the shards."""
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Scale the averaged gradient to a norm of at most ``max_norm``, as ``clip_grad_norm_`` on DDP's."""
+        return clip_units(self, max_norm)
+
+    def reduce_gradients(self) -> None:
+        """Raise if a gradient is missing; stages 0-1: reduce them (once; 2-3 did in backward)."""
         if self.stage <= 1:
             missing = [self.names[p] for u in self.units for p in u.params if p.grad is None]
         else:  # each backward pass must have reduced every unit
@@ -240,9 +255,13 @@ class ZeroByHand:
             raise RuntimeError("stage 1 keeps only this rank's slice of the averaged gradient after a "
                                "step, so gradients cannot add up across steps as under DDP: call "
                                "zero_grad() before each step's backward passes")
-        if self.stage <= 1:
-            for unit in self.units:
+        for unit in self.units if self.stage <= 1 else ():
+            if not unit.reduced:
                 self._reduce(unit)
+
+    def step(self) -> None:
+        """Reduce the gradients (stages 0-1; 2-3 did during backward), step, gather the shards."""
+        self.reduce_gradients()
         self.optimizer.step()
         self.stepped = True
         for unit in self.units:
@@ -275,19 +294,6 @@ class ZeroByHand:
         return out
 
     def held_bytes(self) -> dict[str, int]:
-        """Bytes of model state this rank holds now: parameters, gradients, optimizer state.
-
-        Counted from the tensors: the flat buffers' storage (0 while freed), stage 3's shards,
-        every ``.grad`` (a view of a flat gradient counts once), and the optimizer's state tensors
-        of a parameter's size (Adam's ``step`` counters, one scalar each, are left out).
-        """
-        params = sum(u.flat.untyped_storage().nbytes() for u in self.units)
-        if self.stage == 3:
-            params += sum(u.shard.nbytes for u in self.units)
-        storages = {}
-        for t in [p.grad for u in self.units for p in u.params] + [u.shard.grad for u in self.units]:
-            if t is not None:
-                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        state = sum(v.nbytes for p, s in self.optimizer.state.items()
-                    for v in s.values() if torch.is_tensor(v) and v.shape == p.shape)
-        return {"parameters": params, "gradients": sum(storages.values()), "optimizer state": state}
+        """Bytes of model state this rank holds now: parameters, gradients, optimizer state
+        (:func:`~.flat_units.held_bytes`)."""
+        return held_bytes(self)
