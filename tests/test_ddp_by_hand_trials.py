@@ -10,7 +10,6 @@ import torch
 from course_utils.compat import queue_backward_callback
 from course_utils.ddp.by_hand import DDPByHand
 from course_utils.ddp.by_hand_arming import ARMING_CASES, arming_rank
-from course_utils.ddp.by_hand_guard import own_gradient
 from course_utils.ddp.by_hand_trials import TRIALS, trial_model, trial_rank
 from course_utils.distributed import launch
 
@@ -86,7 +85,7 @@ class _FillOrder(DDPByHand):
 
     def _gradient_ready(self, param):
         b = self.bucket_of[param]
-        self.ready[param] = own_gradient(param)
+        self.ready.add(param)
         self.arrived[b] += 1
         if self.arrived[b] == len(self.buckets[b]):
             self._start_all_reduce(b)

@@ -25,11 +25,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.autograd.graph import get_gradient_edge
 
 from .._checks import check_dense
 from ..compat import queue_backward_callback
 from .buckets import assign_buckets, fill_buckets
-from .by_hand_guard import guard_steps, own_gradient, refuse_changed_parameters, refuse_late_writes, take_over
+from .by_hand_guard import guard_steps, refuse_changed_parameters, refuse_unfinished, take_over
 from .timeline import Event, Timeline
 
 __all__ = ["DDPByHand", "Event", "Timeline", "assign_buckets", "average_gradients",
@@ -74,9 +75,12 @@ class DDPByHand(nn.Module):
         optimizer.step()
 
     When it is built, every rank takes rank 0's parameters and buffers. Each parameter that trains
-    gets a hook (``register_post_accumulate_grad_hook``) that runs once its gradient is complete in
-    ``.grad``; a tied weight appears once in ``module.parameters()`` and its hook runs once, after
-    both contributions are summed. A parameter with ``requires_grad=False`` gets no hook.
+    gets a hook on its gradient accumulator (autograd's ``AccumulateGrad`` node, from
+    ``torch.autograd.graph.get_gradient_edge``), as DDP's reducer does: it runs once the gradient is
+    complete in ``.grad``, after every hook registered on the parameter itself, before or after
+    wrapping (so what such a hook writes is what is sent, as under DDP); a tied weight appears once
+    in ``module.parameters()`` and its hook runs once, after both contributions are summed. A
+    parameter with ``requires_grad=False`` gets no hook.
 
     **Buckets, launched in sequence.** :func:`assign_buckets` groups the parameters (``None``: a
     bucket each). All-reduces pair up across ranks in the order they are issued, so every rank must
@@ -92,13 +96,11 @@ class DDPByHand(nn.Module):
     ``finish_gradient_synchronization`` on autograd's engine (DDP's reducer queues its own end the
     same way), which runs it once every gradient of the backward pass is computed, before
     ``backward()`` returns: by then each ``.grad`` holds the mean, and a call after ``backward()``
-    finds nothing left to do. A hook registered on a parameter after wrapping runs after the
-    wrapper's (DDP's reducer runs after every hook); one that writes the gradient is refused there
-    (a gradient that is a slice of a larger tensor is worked on in a copy of its own until then, so
-    that a write to it shows, and the mean then goes into the original, which ``.grad`` holds
-    again). ``backward(create_graph=True)`` raises, as in DDP, and so does a forward after the
-    parameters changed dtype or device (``model.double()`` after wrapping), where DDP stops
-    synchronising them without a word.
+    finds nothing left to do. A synchronised backward pass that raises after its all-reduces
+    started never finishes them: the next forward with gradients raises, as DDP's does.
+    ``backward(create_graph=True)`` raises, as in DDP, and so does a forward after the parameters
+    changed dtype or device (``model.double()`` after wrapping), where DDP stops synchronising
+    them without a word.
 
     **Rebuilt once, in the order the gradients arrived.** The first buckets assume that backward
     produces the gradients in reverse registration order. The first synchronised step records the
@@ -153,9 +155,13 @@ class DDPByHand(nn.Module):
         self.buffers_follow = True  # whether the next forward starts with rank 0's buffers
         self.arrival: list[int] | None = [] if rebuild_buckets else None  # the first step's order
         self._set_buckets(assign_buckets(self.trainable, bucket_cap_mb))
+        self.accumulators = []  # held, as DDP holds them: autograd then uses them in every graph
         for param in self.trainable:
             take_over(param, self)  # from a wrapper built before on this parameter, if any
-            param.by_hand_hook = param.register_post_accumulate_grad_hook(self._gradient_ready)
+            accumulator = get_gradient_edge(param).node  # autograd's AccumulateGrad of param
+            self.accumulators.append(accumulator)
+            # runs once param.grad is complete, after every hook on param itself (DDP's reducer too)
+            param.by_hand_hook = accumulator.register_hook(lambda _, __, p=param: self._gradient_ready(p))
         guard_steps(self)  # an optimizer's step while all-reduces are unfinished raises
 
     def _set_buckets(self, buckets: list[list[nn.Parameter]]) -> None:
@@ -171,7 +177,7 @@ class DDPByHand(nn.Module):
     def _reset(self) -> None:
         self.arrived = [0] * len(self.buckets)  # gradients ready in each bucket, this step
         self.next_bucket = 0  # the next bucket to start: buckets start in order
-        self.ready: dict[nn.Parameter, tuple] = {}  # marked ready since the last finish: own_gradient
+        self.ready: set[nn.Parameter] = set()  # marked ready since the last finish
         self.in_flight: list[tuple[int, torch.Tensor, Any]] = []  # (bucket, tensor, handle)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -181,8 +187,8 @@ class DDPByHand(nn.Module):
         refuse_changed_parameters(self)
         grad = torch.is_grad_enabled()
         synced = grad and self.require_sync  # a forward under no_grad or no_sync arms nothing
-        if self.ready and grad:  # the last backward left buckets unstarted: raise, as DDP's forward
-            self.finish_gradient_synchronization()
+        if self.ready and grad:  # the last synchronised backward did not finish: raise, as DDP's forward
+            refuse_unfinished(self)
         if grad and self.arrival and len(self.arrival) == len(self.trainable):
             self._rebuild_buckets()  # as DDP: at the first forward with gradients after a full step
         if self.broadcast_buffers and self.buffers_follow:
@@ -218,7 +224,11 @@ class DDPByHand(nn.Module):
                                "ready only once')")
         if not self.armed:
             return  # under no_sync(), or a second backward pass of one graph: as in DDP
-        self.ready[param] = own_gradient(param)  # (.grad, its version, ...): nothing may write to it
+        if param.grad.requires_grad:
+            raise RuntimeError("backward(create_graph=True) reached a parameter: the all-reduce is not "
+                               "part of the gradient's graph, so a second backward would differentiate "
+                               "this rank's gradient alone (torch's DDP raises here too)")
+        self.ready.add(param)
         b = self.bucket_of[param]
         self.arrived[b] += 1
         if self.arrival is not None:
@@ -233,10 +243,9 @@ class DDPByHand(nn.Module):
 
     def _backward_ended(self) -> None:
         """Run by autograd's engine once the backward pass has computed every gradient, before
-        ``backward()`` returns, as DDP's reducer finishes: refuse a gradient that a hook wrote after
-        the wrapper's, then wait for the all-reduces and leave the means in ``.grad``."""
+        ``backward()`` returns, as DDP's reducer finishes: wait for the all-reduces and leave the
+        means in ``.grad``."""
         self.timeline.mark("backward_end")
-        refuse_late_writes(self)
         self.finish_gradient_synchronization()
 
     def _name(self, param: nn.Parameter) -> str:
@@ -278,9 +287,6 @@ class DDPByHand(nn.Module):
             if len(bucket) > 1:
                 for param, mean in zip(bucket, flat.split([p.numel() for p in bucket]), strict=True):
                     param.grad.copy_(mean.view_as(param))
-        for param, (grad, _, original) in self.ready.items():
-            if original is not None:  # a slice of a larger tensor, copied by own_gradient
-                param.grad = original.copy_(grad)
         self._reset()
         if missing:
             self.armed = False

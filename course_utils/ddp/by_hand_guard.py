@@ -1,7 +1,6 @@
 """What keeps a DDPByHand from being used wrongly without a word (notebook 06): an optimizer's step
-over its parameters while a backward pass left all-reduces unfinished, a gradient written by a hook
-after the wrapper's, parameters converted after wrapping, a backward pass that builds a graph of
-the gradients, and a wrapper whose parameters a newer wrapper has taken over."""
+over its parameters while a backward pass left all-reduces unfinished, parameters converted after
+wrapping, and a wrapper whose parameters a newer wrapper has taken over."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-__all__ = ["guard_steps", "own_gradient", "refuse_changed_parameters", "refuse_late_writes", "take_over"]
+__all__ = ["guard_steps", "refuse_changed_parameters", "refuse_unfinished", "take_over"]
 
 #: the wrappers alive in this process: an optimizer's step checks that none of them has all-reduces
 #: of its parameters unfinished (the hook is registered once, with the first wrapper)
@@ -23,10 +22,10 @@ def _no_step_before_finish(optimizer: torch.optim.Optimizer, args: Any, kwargs: 
     stepped = {p for group in optimizer.param_groups for p in group["params"]}
     for wrapper in list(_WRAPPERS):
         if wrapper.ready and not stepped.isdisjoint(wrapper.index_of):
-            raise RuntimeError("optimizer.step() after a backward pass that left all-reduces "
-                               "unfinished (a parameter that trains got no gradient, so some buckets "
-                               "never started): .grad is not the mean over the ranks. "
-                               "finish_gradient_synchronization() says which bucket")
+            raise RuntimeError("optimizer.step() after a synchronised backward pass that did not "
+                               "finish its all-reduces (a parameter that trains got no gradient, or "
+                               "the backward pass raised): .grad is not the mean over the ranks "
+                               "(finish_gradient_synchronization() says which bucket is missing)")
 
 
 def guard_steps(wrapper: Any) -> None:
@@ -52,38 +51,6 @@ def take_over(param: torch.nn.Parameter, wrapper: Any) -> None:
     param.by_hand_owner = weakref.ref(wrapper)
 
 
-def refuse_late_writes(wrapper: Any) -> None:
-    """At the end of a synchronised backward pass: raise if a gradient was replaced, or written in
-    place, after the wrapper's hook took it (a hook registered on the parameter after wrapping
-    runs after the wrapper's; DDP's reducer runs after every hook of a parameter)."""
-    late = [wrapper._name(p) for p, (grad, version, _) in wrapper.ready.items()
-            if p.grad is not grad or grad._version != version]
-    if late:
-        raise RuntimeError(f"{late[:3]} changed after the wrapper had started their all-reduce: a "
-                           "hook registered on a parameter after wrapping runs after the wrapper's, "
-                           "so register such hooks before building DDPByHand")
-
-
-def own_gradient(param: torch.nn.Parameter) -> tuple[torch.Tensor, int, torch.Tensor | None]:
-    """``param.grad``, its version and, if it had to be copied, the tensor it was. A gradient that
-    is a slice of a larger tensor (autograd's gradients of a ``torch.cat`` of parameters, or a view
-    of a flat buffer of one's own) shares its version counter with the other slices, which may be
-    written rightly: it is copied into a tensor of its own until the wrapper has finished, so that
-    a write to it shows in its version; finish then copies the mean into the original tensor and
-    puts it back in ``.grad``, as DDP leaves the mean in the gradient the backward pass made."""
-    if param.grad.requires_grad:
-        raise RuntimeError("backward(create_graph=True) reached a parameter: the all-reduce is not "
-                           "part of the gradient's graph, so a second backward would differentiate "
-                           "this rank's gradient alone (torch's DDP raises here too: it writes the "
-                           "mean into .grad in place)")
-    grad = original = param.grad
-    if grad.numel() * grad.element_size() != grad.untyped_storage().nbytes():
-        param.grad = grad = grad.clone(memory_format=torch.contiguous_format)
-    else:
-        original = None
-    return grad, grad._version, original
-
-
 def refuse_changed_parameters(wrapper: Any) -> None:
     """Raise if a parameter changed dtype or device since ``wrapper`` was built (``model.double()``
     after wrapping: its buckets would round the gradients to the old dtype; torch's DDP stops
@@ -91,3 +58,16 @@ def refuse_changed_parameters(wrapper: Any) -> None:
     if [(p.dtype, p.device) for p in wrapper.trainable] != wrapper.layout:
         raise RuntimeError("a parameter changed dtype or device after wrapping (model.double(), "
                            ".to(...)): convert or move the model first, then wrap it, as DDP asks")
+
+
+def refuse_unfinished(wrapper: Any) -> None:
+    """A forward with gradients after a synchronised backward pass that did not finish (a bucket
+    never started, or the pass raised before its end): raise, as DDP's forward does."""
+    if wrapper.next_bucket < len(wrapper.buckets):
+        wrapper.finish_gradient_synchronization()  # raises, naming the bucket
+    for _, _, handle in wrapper.in_flight:
+        handle.wait()
+    wrapper._reset()
+    raise RuntimeError("the last synchronised backward pass raised (or was interrupted) after its "
+                       "all-reduces started, so its gradients were never averaged: zero them before "
+                       "the next step (torch's DDP raises at this forward too)")

@@ -31,7 +31,6 @@ from ..devices import rank_device, wrap_ddp
 from ..faults.snapshots import state_copy
 from ..models import seeded
 from .by_hand import DDPByHand
-from .by_hand_guard import own_gradient
 
 __all__ = ["TRIALS", "FillOrderDDP", "Routed", "comm_hook_rank", "defined_out_of_order",
            "divide_then_all_reduce", "routed_orders_rank", "torch_bucket_counts_rank", "trial_model",
@@ -182,7 +181,7 @@ class FillOrderDDP(DDPByHand):
 
     def _gradient_ready(self, param: nn.Parameter) -> None:
         b = self.bucket_of[param]
-        self.ready[param] = own_gradient(param)
+        self.ready.add(param)
         self.arrived[b] += 1
         if self.arrived[b] == len(self.buckets[b]):
             self._start_all_reduce(b)
