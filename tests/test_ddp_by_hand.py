@@ -9,6 +9,7 @@ import functools
 import pytest
 import torch
 from torch import nn
+from torch.autograd.graph import get_gradient_edge
 
 from course_utils.ddp.by_hand import DDPByHand, Event, Timeline, assign_buckets
 from course_utils.ddp.by_hand_runs import lesson_model, train_one_process, train_rank, train_versions
@@ -495,12 +496,24 @@ def test_gradients_that_share_a_storage_add_up_as_under_torch_ddp():
         assert all(torch.equal(a, b) for a, b in zip(found["by hand"], found["torch DDP"], strict=True))
 
 
+def _by_hand_and_ddp(make):
+    """For a bucket per parameter and one bucket for all, by hand and under torch's DDP: ``(cap,
+    name, model, wrapped)``, each model made by ``make()`` from one seed."""
+    from course_utils.devices import wrap_ddp
+
+    for cap in (None, 1.0):
+        for name in ("by hand", "torch DDP"):
+            torch.manual_seed(0)
+            model = make()
+            yield cap, name, model, DDPByHand(model, cap) if name == "by hand" else \
+                wrap_ddp(model, torch.device("cpu"))
+
+
 def _writes_after_backward_rank(rank, world_size):
     """What a training loop may do to .grad once backward() has returned (zero it in place, clip it
     through .data, write it through NumPy, clip its norm), by hand and under torch's DDP, on a
     model whose two parameters' gradients are slices of one tensor and on one whose gradients are
     views of a flat buffer of the loop's own: the parameters after two steps, the buffer."""
-    from course_utils.devices import wrap_ddp
 
     writes = {
         "zero_grad(set_to_none=False)": lambda m: m.zero_grad(set_to_none=False),
@@ -511,29 +524,24 @@ def _writes_after_backward_rank(rank, world_size):
     found = {}
     for model_name in ("concatenated", "flat buffer"):
         for write_name, write in writes.items():
-            for cap in (None, 1.0):
-                for name in ("by hand", "torch DDP"):
-                    torch.manual_seed(0)
-                    model = _Concatenated()
-                    wrapped = DDPByHand(model, cap) if name == "by hand" else \
-                        wrap_ddp(model, torch.device("cpu"))
-                    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-                    flat = torch.zeros(12)
-                    for step in range(2):
-                        if model_name == "flat buffer":  # .grad: views of the loop's own buffer
-                            flat.zero_()
-                            model.q.grad, model.k.grad = flat[:6].view(2, 3), flat[6:].view(2, 3)
-                        x = torch.randn(3, 3, generator=torch.Generator().manual_seed(10 * step + rank))
-                        wrapped(x).square().mean().backward()
-                        if model_name == "flat buffer":
-                            kept = model.q.grad.data_ptr() == flat.data_ptr()
-                            found[model_name, "view kept", name, cap] = kept
-                            found[model_name, "buffer", write_name, name, cap] = flat.clone()
-                        write(model)
-                        optimizer.step()
-                    found[model_name, write_name, name, cap] = \
-                        [p.detach().clone() for p in model.parameters()]
-                    wrapped = None
+            for cap, name, model, wrapped in _by_hand_and_ddp(_Concatenated):
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+                flat = torch.zeros(12)
+                for step in range(2):
+                    if model_name == "flat buffer":  # .grad: views of the loop's own buffer
+                        flat.zero_()
+                        model.q.grad, model.k.grad = flat[:6].view(2, 3), flat[6:].view(2, 3)
+                    x = torch.randn(3, 3, generator=torch.Generator().manual_seed(10 * step + rank))
+                    wrapped(x).square().mean().backward()
+                    if model_name == "flat buffer":
+                        kept = model.q.grad.data_ptr() == flat.data_ptr()
+                        found[model_name, "view kept", name, cap] = kept
+                        found[model_name, "buffer", write_name, name, cap] = flat.clone()
+                    write(model)
+                    optimizer.step()
+                found[model_name, write_name, name, cap] = \
+                    [p.detach().clone() for p in model.parameters()]
+                wrapped = None
     return found
 
 
@@ -557,9 +565,9 @@ def test_writes_to_the_gradients_after_backward_are_as_under_torch_ddp():
 
 def _late_hooks_rank(rank, world_size):
     """Hooks registered on parameters after wrapping that write the gradient (in place, through
-    .data, through NumPy), on a plain layer and on two parameters whose gradients are slices of one
-    tensor, by hand and under torch's DDP: the gradients after one backward pass."""
-    from course_utils.devices import wrap_ddp
+    .data, through NumPy; and one on the gradient's accumulator, which runs after the wrapper's and
+    whose write is not sent), on a plain layer and on two parameters whose gradients are slices of
+    one tensor, by hand and under torch's DDP: the gradients after one backward pass."""
 
     def through_data(param):
         param.grad.data.mul_(0.5)
@@ -567,30 +575,36 @@ def _late_hooks_rank(rank, world_size):
     def through_numpy(param):
         param.grad.numpy().__imul__(0.5)
 
-    writes = {"clamp_": _clamp, ".data": through_data, "numpy": through_numpy}
+    def on_the_accumulator(param):  # a hook on the AccumulateGrad node, after the wrapper's
+        def double(grad_inputs, grad_outputs):
+            param.grad.mul_(2.0)
+        get_gradient_edge(param).node.register_hook(double)
+
+    writes = {"clamp_": _clamp, ".data": through_data, "numpy": through_numpy, "accumulator": None}
     found = {}
-    for model_name in ("linear", "concatenated"):
+    for model_name, make in (("linear", lambda: nn.Linear(3, 3)), ("concatenated", _Concatenated)):
         for write_name, write in writes.items():
-            for cap in (None, 1.0):
-                for name in ("by hand", "torch DDP"):
-                    torch.manual_seed(0)
-                    model = nn.Linear(3, 3) if model_name == "linear" else _Concatenated()
-                    wrapped = DDPByHand(model, cap) if name == "by hand" else \
-                        wrap_ddp(model, torch.device("cpu"))
-                    next(model.parameters()).register_post_accumulate_grad_hook(write)  # after wrapping
-                    x = torch.randn(3, 3, generator=torch.Generator().manual_seed(rank))
-                    wrapped(x).square().mean().backward()
-                    found[model_name, write_name, cap, name] = [p.grad.clone() for p in model.parameters()]
-                    wrapped = None
+            for cap, name, model, wrapped in _by_hand_and_ddp(make):
+                for param in model.parameters():  # after wrapping
+                    if write is None:
+                        on_the_accumulator(param)
+                    else:
+                        param.register_post_accumulate_grad_hook(write)
+                x = torch.randn(3, 3, generator=torch.Generator().manual_seed(rank))
+                wrapped(x).square().mean().backward()
+                found[model_name, write_name, cap, name] = [p.grad.clone() for p in model.parameters()]
+                wrapped = None
     return found
 
 
 def test_a_hook_registered_after_wrapping_writes_what_is_sent_as_under_torch_ddp():
-    """The wrapper hooks each gradient's accumulator, as DDP's reducer does: it runs after every
-    hook on the parameter, whenever registered, so their writes are what is all-reduced."""
+    """The wrapper hooks each gradient's accumulator and copies the gradient into its bucket there,
+    as DDP's reducer does: it runs after every hook on the parameter, whenever registered, so their
+    writes are what is all-reduced, and before a later hook on the accumulator, whose write the
+    mean then replaces."""
     for found in launch(_late_hooks_rank, 2, echo=False, backend="gloo", timeout_s=120):
         mine = {key[:3]: grads for key, grads in found.items() if key[3] == "by hand"}
-        assert len(mine) == 2 * 3 * 2
+        assert len(mine) == 2 * 4 * 2
         for key, grads in mine.items():
             theirs = found[(*key, "torch DDP")]
             assert all(torch.equal(a, b) for a, b in zip(grads, theirs, strict=True)), key
@@ -694,3 +708,26 @@ def _inference_mode_backward_rank(rank, world_size):
 def test_a_backward_inside_inference_mode_is_synchronised_as_under_torch_ddp():
     for found in launch(_inference_mode_backward_rank, 2, echo=False, backend="gloo", timeout_s=60):
         assert all(torch.equal(a, b) for a, b in zip(found["by hand"], found["torch DDP"], strict=True))
+
+
+def _saved_and_replaced_rank(rank, world_size):
+    """torch.save of a wrapped model (the wrapper notes nothing on the parameters), and a parameter
+    replaced after wrapping: a RuntimeError that names it as replaced (DDP raises too)."""
+    import io
+
+    model = nn.Linear(3, 3)
+    wrapped = DDPByHand(model, 1.0)
+    wrapped(torch.randn(2, 3)).sum().backward()
+    torch.save(model, io.BytesIO())
+    model.weight = nn.Parameter(torch.zeros(3, 3))
+    wrapped(torch.randn(2, 3)).sum().backward()
+    try:
+        wrapped(torch.randn(2, 3))
+        return None
+    except RuntimeError as err:
+        return str(err)
+
+
+def test_a_wrapped_model_pickles_and_a_replaced_parameter_is_named_as_such():
+    for found in launch(_saved_and_replaced_rank, 2, echo=False, backend="gloo", timeout_s=60):
+        assert "a replaced parameter" in (found or ""), found

@@ -84,9 +84,8 @@ class _FillOrder(DDPByHand):
     """The hazard the wrapper avoids: start each bucket as soon as it is full."""
 
     def _gradient_ready(self, param):
-        b = self.bucket_of[param]
-        self.ready.add(param)
-        self.arrived[b] += 1
+        self._copy_into_bucket(param)
+        b = self.place[param][0]
         if self.arrived[b] == len(self.buckets[b]):
             self._start_all_reduce(b)
             self.next_bucket += 1  # here: how many have started

@@ -341,3 +341,36 @@ def test_clip_grad_norm_clips_as_ddp_and_an_optimizer_that_is_not_elementwise_is
             for (stage, name), error in found["refused"].items():
                 assert (error is not None) == (stage >= 1 and name != "Adam"), (stage, name, error)
                 assert error is None or "updates each element on its own" in error
+
+
+def _changed_after_wrapping(rank, world_size):
+    """A parameter's storage replaced after wrapping (p.data = ...), per stage: the error, if any;
+    and a user's post-accumulate hook registered after wrapping, which must see the gradient."""
+    found = {}
+    for stage in STAGES:
+        torch.manual_seed(0)
+        model = _Net(tied=False, spare=False)
+        zero = ZeroByHand(model, stage, torch.optim.SGD, lr=0.1)
+        seen = []
+        model.head.weight.register_post_accumulate_grad_hook(
+            lambda p, seen=seen: seen.append(p.grad is not None))
+        model.train(False)  # BatchNorm: its running statistics, not the batch's
+        nn.functional.mse_loss(model(torch.randn(4, 6)), torch.zeros(4, 3)).backward()
+        zero.step()
+        with torch.no_grad():
+            model.middle.weight.data = torch.zeros(8, 8)
+        try:
+            model(torch.randn(4, 6))
+            found[stage] = None
+        except RuntimeError as err:
+            found[stage] = str(err)
+        found[stage, "hook saw a gradient"] = seen == [True]
+    return found
+
+
+def test_a_parameter_replaced_after_wrapping_is_refused_and_a_later_hook_sees_the_gradient():
+    for found in launch(_changed_after_wrapping, 2, echo=False, backend="gloo", timeout_s=120):
+        for stage in STAGES:
+            assert found[stage, "hook saw a gradient"], (stage, found)
+            if stage >= 1:
+                assert "no longer hold the view of the unit's flat buffer" in (found[stage] or ""), found

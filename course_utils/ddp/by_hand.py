@@ -25,7 +25,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.autograd.graph import get_gradient_edge
 
 from .._checks import check_dense
 from ..compat import queue_backward_callback
@@ -87,20 +86,19 @@ class DDPByHand(nn.Module):
     issue the same buckets in the same order, whatever order its gradients arrive in (a layer that
     runs in a rank-dependent order, as routing or layer drop make it): a hook marks its bucket
     ready, and the wrapper then starts, in bucket order, every bucket whose turn has come (DDP's
-    reducer does the same: bucket i starts after buckets 0 to i-1). A bucket of several gradients
-    is copied into a flat tensor made once, at construction, and all-reduced;
-    ``finish_gradient_synchronization`` waits, divides by the world size and copies the mean back
-    into each ``.grad``. A bucket of one parameter is reduced in ``.grad`` itself.
+    reducer does the same: bucket i starts after buckets 0 to i-1). Each gradient is copied into
+    its place in its bucket's flat tensor (made once, with the buckets) the moment it is ready, as
+    DDP's reducer copies it (a hook that runs later changes nothing that is sent); a complete
+    bucket is all-reduced, and ``finish_gradient_synchronization`` waits, divides by the world
+    size and copies the mean back into each ``.grad``.
 
     **Finished when backward ends, as DDP.** When the last bucket starts, its hook queues
-    ``finish_gradient_synchronization`` on autograd's engine (DDP's reducer queues its own end the
-    same way), which runs it once every gradient of the backward pass is computed, before
-    ``backward()`` returns: by then each ``.grad`` holds the mean, and a call after ``backward()``
-    finds nothing left to do. A synchronised backward pass that raises after its all-reduces
-    started never finishes them: the next forward with gradients raises, as DDP's does.
-    ``backward(create_graph=True)`` raises, as in DDP, and so does a forward after the parameters
-    changed dtype or device (``model.double()`` after wrapping), where DDP stops synchronising
-    them without a word.
+    ``finish_gradient_synchronization`` on autograd's engine (as DDP's reducer queues its end),
+    which runs it once every gradient is computed, before ``backward()`` returns: each ``.grad``
+    then holds the mean, and a later call does nothing. If that backward pass raises before its
+    end, the next forward with gradients raises, as DDP's does. ``backward(create_graph=True)``
+    raises, as in DDP, and so does a forward after the parameters changed dtype or device
+    (``model.double()`` after wrapping), where DDP stops synchronising them without a word.
 
     **Rebuilt once, in the order the gradients arrived.** The first buckets assume that backward
     produces the gradients in reverse registration order. The first synchronised step records the
@@ -124,17 +122,17 @@ class DDPByHand(nn.Module):
     is finished when that backward ends: the next forward run with gradients raises
     ``RuntimeError`` on that rank (where DDP raises), and so do an optimizer's ``step()`` over its
     parameters, ``finish_gradient_synchronization()`` and a backward pass that reaches a parameter
-    twice (as DDP's "mark a variable ready only once"); a rank that did get every gradient waits in its
-    all-reduce until the one that raised has gone, and then fails too. DDP's
+    twice (as DDP's "mark a variable ready only once"); a rank that did get every gradient waits
+    in its all-reduce until the one that raised has gone, and then fails too. DDP's
     ``find_unused_parameters=True``, which marks such parameters ready, is not written here.
 
     ``broadcast_buffers`` (default True, as DDP): rank 0's buffers are sent to every rank when the
-    wrapper is built and before a forward that follows a synchronised forward run with gradients,
-    as DDP sends them (BatchNorm's running statistics); with False, never, as in DDP. A forward
-    under ``torch.no_grad()`` arms nothing, and the forward after it broadcasts nothing (DDP's
-    ``require_forward_param_sync``). ``timeline`` (a :class:`Timeline`) records when each
-    all-reduce starts, finishes and is waited for. Parameters of different dtypes or devices go in
-    different buckets, as in DDP; sparse gradients are refused.
+    wrapper is built and before a forward that follows a synchronised forward run with gradients
+    (BatchNorm's running statistics); with False, never. A forward under ``torch.no_grad()`` arms
+    nothing, and the forward after it broadcasts nothing (DDP's ``require_forward_param_sync``).
+    ``timeline`` (a :class:`Timeline`) records when each all-reduce starts, finishes and is waited
+    for. Parameters of different dtypes or devices go in different buckets; sparse gradients are
+    refused.
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None,
@@ -155,23 +153,22 @@ class DDPByHand(nn.Module):
         self.buffers_follow = True  # whether the next forward starts with rank 0's buffers
         self.arrival: list[int] | None = [] if rebuild_buckets else None  # the first step's order
         self._set_buckets(assign_buckets(self.trainable, bucket_cap_mb))
-        self.accumulators = []  # held, as DDP holds them: autograd then uses them in every graph
+        self.accumulators: list[Any] = []  # held, as DDP holds them: autograd's AccumulateGrad nodes
         for param in self.trainable:
-            take_over(param, self)  # from a wrapper built before on this parameter, if any
-            accumulator = get_gradient_edge(param).node  # autograd's AccumulateGrad of param
-            self.accumulators.append(accumulator)
-            # runs once param.grad is complete, after every hook on param itself (DDP's reducer too)
-            param.by_hand_hook = accumulator.register_hook(lambda _, __, p=param: self._gradient_ready(p))
+            # a hook on param's gradient accumulator: it runs once param.grad is complete, after
+            # every hook on param itself (DDP's reducer too); take_over removes an earlier wrapper's
+            take_over(param, self, lambda _, __, p=param: self._gradient_ready(p))
         guard_steps(self)  # an optimizer's step while all-reduces are unfinished raises
 
     def _set_buckets(self, buckets: list[list[nn.Parameter]]) -> None:
         check_dense(self.module)  # a bucket is one flat tensor: no sparse gradient fits
         self.buckets = buckets
-        self.bucket_of = {param: b for b, bucket in enumerate(buckets) for param in bucket}
-        # a flat tensor for each bucket of several parameters, made once and reused every step
+        # where each gradient goes: its bucket, and its offset in the bucket's flat tensor (one per
+        # bucket, made once and reused every step)
+        self.place = {p: (b, sum(q.numel() for q in bucket[:i]))
+                      for b, bucket in enumerate(buckets) for i, p in enumerate(bucket)}
         self.flat = [torch.empty(sum(p.numel() for p in bucket), dtype=bucket[0].dtype,
-                                 device=bucket[0].device) if len(bucket) > 1 else None
-                     for bucket in buckets]
+                                 device=bucket[0].device) for bucket in buckets]
         self._reset()
 
     def _reset(self) -> None:
@@ -228,9 +225,7 @@ class DDPByHand(nn.Module):
             raise RuntimeError("backward(create_graph=True) reached a parameter: the all-reduce is not "
                                "part of the gradient's graph, so a second backward would differentiate "
                                "this rank's gradient alone (torch's DDP raises here too)")
-        self.ready.add(param)
-        b = self.bucket_of[param]
-        self.arrived[b] += 1
+        self._copy_into_bucket(param)
         if self.arrival is not None:
             self.arrival.append(self.index_of[param])
         while self.next_bucket < len(self.buckets) and \
@@ -248,18 +243,21 @@ class DDPByHand(nn.Module):
         self.timeline.mark("backward_end")
         self.finish_gradient_synchronization()
 
+    def _copy_into_bucket(self, param: nn.Parameter) -> None:
+        """Mark ``param`` ready and copy its gradient into its place in its bucket, at once, as DDP's
+        reducer does: what is sent is the gradient as it was when it became ready."""
+        self.ready.add(param)
+        b, start = self.place[param]
+        self.flat[b][start:start + param.numel()].copy_(param.grad.reshape(-1))
+        self.arrived[b] += 1
+
     def _name(self, param: nn.Parameter) -> str:
-        return next(n for n, p in self.module.named_parameters() if p is param)
+        return next((n for n, p in self.module.named_parameters() if p is param), "a replaced parameter")
 
     def _start_all_reduce(self, b: int) -> None:
-        bucket = self.buckets[b]
-        if len(bucket) == 1:
-            flat = bucket[0].grad  # reduced in place
-        else:
-            flat = torch.cat([p.grad.flatten() for p in bucket], out=self.flat[b])
-        handle = dist.all_reduce(flat, async_op=True)  # returns at once; the backend sends it
+        handle = dist.all_reduce(self.flat[b], async_op=True)  # returns at once; the backend sends it
         self.timeline.started(handle, b)
-        self.in_flight.append((b, flat, handle))
+        self.in_flight.append((b, self.flat[b], handle))
 
     def _rebuild_buckets(self) -> None:
         """The buckets again, filled in the order rank 0's gradients arrived in its first step."""
@@ -284,9 +282,8 @@ class DDPByHand(nn.Module):
             self.timeline.mark("wait_end", b)
             flat /= self.world_size
             bucket = self.buckets[b]
-            if len(bucket) > 1:
-                for param, mean in zip(bucket, flat.split([p.numel() for p in bucket]), strict=True):
-                    param.grad.copy_(mean.view_as(param))
+            for param, mean in zip(bucket, flat.split([p.numel() for p in bucket]), strict=True):
+                param.grad.copy_(mean.view_as(param))
         self._reset()
         if missing:
             self.armed = False

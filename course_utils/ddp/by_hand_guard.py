@@ -8,6 +8,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.autograd.graph import get_gradient_edge
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 __all__ = ["guard_steps", "refuse_changed_parameters", "refuse_unfinished", "take_over"]
@@ -36,19 +37,24 @@ def guard_steps(wrapper: Any) -> None:
     _WRAPPERS.add(wrapper)
 
 
-def take_over(param: torch.nn.Parameter, wrapper: Any) -> None:
-    """``wrapper`` is about to hook ``param``: remove the hook an earlier wrapper gave it, and mark
-    that wrapper replaced (its forward raises: it would no longer synchronise anything)."""
-    if hasattr(param, "by_hand_hook"):
-        earlier = param.by_hand_owner()
+def take_over(param: torch.nn.Parameter, wrapper: Any, hook: Any) -> None:
+    """``wrapper`` hooks ``param``'s gradient accumulator with ``hook`` (a function of the
+    accumulator's two arguments): remove the hook an earlier wrapper gave it, and mark that wrapper
+    replaced (its forward raises: it would no longer synchronise anything). Who hooked it is noted
+    in the accumulator's metadata, not on the parameter, which stays picklable (``torch.save``)."""
+    accumulator = get_gradient_edge(param).node  # autograd's AccumulateGrad of param
+    if "by_hand" in accumulator.metadata:
+        owner, handle = accumulator.metadata["by_hand"]
+        earlier = owner()
         if earlier is not None and earlier.ready:
             raise RuntimeError("the wrapper these parameters had still has all-reduces unfinished: "
                                "call its finish_gradient_synchronization() before wrapping them again")
-        param.by_hand_hook.remove()
+        handle.remove()
         if earlier is not None:
             _WRAPPERS.discard(earlier)
             earlier.replaced = True
-    param.by_hand_owner = weakref.ref(wrapper)
+    wrapper.accumulators.append(accumulator)  # held: autograd then uses it in every graph
+    accumulator.metadata["by_hand"] = (weakref.ref(wrapper), accumulator.register_hook(hook))
 
 
 def refuse_changed_parameters(wrapper: Any) -> None:

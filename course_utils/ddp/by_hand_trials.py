@@ -180,9 +180,8 @@ class FillOrderDDP(DDPByHand):
     gradients arrived on this rank (what ``DDPByHand`` does not do)."""
 
     def _gradient_ready(self, param: nn.Parameter) -> None:
-        b = self.bucket_of[param]
-        self.ready.add(param)
-        self.arrived[b] += 1
+        self._copy_into_bucket(param)
+        b = self.place[param][0]
         if self.arrived[b] == len(self.buckets[b]):
             self._start_all_reduce(b)
             self.next_bucket += 1  # here: how many have started

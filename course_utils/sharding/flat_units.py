@@ -17,7 +17,7 @@ from ..compat import all_gather_single, reduce_scatter_single
 from ..ddp.collectives import ring_bytes_per_rank
 
 __all__ = ["ELEMENTWISE", "CommLog", "FlatUnit", "check_elementwise", "clip_units", "held_bytes",
-           "output_tensors", "refuse_shared", "shard_numel"]
+           "output_tensors", "refuse_replaced", "refuse_shared", "shard_numel"]
 
 #: optimizers that update each element from its own gradient and state: stages 1-3 hand the
 #: optimizer 1-D slices of flat buffers, which changes nothing for these alone
@@ -192,3 +192,20 @@ def held_bytes(zero: Any) -> dict[str, int]:
     state = sum(v.nbytes for p, s in zero.optimizer.state.items()
                 for v in s.values() if torch.is_tensor(v) and v.shape == p.shape)
     return {"parameters": params, "gradients": sum(storages.values()), "optimizer state": state}
+
+
+def refuse_replaced(unit: FlatUnit, stage: int) -> None:
+    """Stages 1-3, before a forward: raise if a parameter no longer holds its unit's view (``p.data
+    = ...``, ``model.to(memory_format=...)`` after wrapping): the steps would update shards that no
+    parameter reads. (Stage 3, between uses: each must hold the empty placeholder.)"""
+    if stage == 3 and not unit.flat.untyped_storage().nbytes():
+        moved = [p for p in unit.params if p.numel()]
+    elif stage >= 1:
+        moved = [p for p, view in zip(unit.params, unit.views, strict=True)
+                 if p.data_ptr() != view.data_ptr() or p.stride() != view.stride()]
+    else:
+        moved = []
+    if moved:
+        raise RuntimeError(f"{len(moved)} parameter(s) of {type(unit.module).__name__} no longer hold the "
+                           "view of the unit's flat buffer that ZeroByHand gave them (replaced after "
+                           "wrapping: p.data = ..., model.to(...)): change the model before wrapping it")

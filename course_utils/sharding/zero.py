@@ -50,19 +50,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.autograd.graph import get_gradient_edge
 
 from .._checks import check_dense
 from ..compat import all_gather_single
-from .flat_units import (
-    CommLog,
-    FlatUnit,
-    check_elementwise,
-    clip_units,
-    held_bytes,
-    output_tensors,
-    refuse_shared,
-    shard_numel,
-)
+from . import flat_units
+from .flat_units import CommLog, FlatUnit, shard_numel
 
 __all__ = ["CommLog", "STAGES", "ZeroByHand", "shard_numel"]
 
@@ -87,7 +80,7 @@ class ZeroByHand:
         if not dist.is_initialized():
             raise RuntimeError("ZeroByHand needs a process group: run it inside launch(...)")
         check_dense(model)
-        check_elementwise(optimizer_cls, stage)
+        flat_units.check_elementwise(optimizer_cls, stage)
         self.model, self.stage = model, stage
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         self.comm = comm if comm is not None else CommLog()
@@ -95,7 +88,7 @@ class ZeroByHand:
             for tensor in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(tensor, src=0)
         if stage == 3:
-            refuse_shared(model)
+            flat_units.refuse_shared(model)
         taken: set[nn.Parameter] = set()
         self.units: list[FlatUnit] = []
         for m in model.modules():
@@ -112,10 +105,12 @@ class ZeroByHand:
         model.register_forward_pre_hook(lambda m, a: self._before_forward())
         model.register_forward_hook(lambda m, a, out: setattr(self, "buffers_follow",
                                                               torch.is_grad_enabled()))
-        if stage >= 2:
-            for unit in self.units:
-                for p in unit.params:
-                    p.register_post_accumulate_grad_hook(lambda p, u=unit: self._grad_ready(u, p))
+        # stages 2-3: a hook on each gradient's accumulator, which runs after every hook on the
+        # parameter itself (a user's, before or after wrapping, sees the gradient), as in DDP
+        self.accumulators = []  # held: autograd then uses them in every graph
+        for unit, p in [(u, p) for u in self.units for p in u.params] if stage >= 2 else []:
+            self.accumulators.append(get_gradient_edge(p).node)
+            self.accumulators[-1].register_hook(lambda _, __, p=p, u=unit: self._grad_ready(u, p))
         if stage == 3:
             model.register_state_dict_pre_hook(self._no_state_dict)
             for unit in self.units:
@@ -130,6 +125,8 @@ class ZeroByHand:
     def _before_forward(self) -> None:
         if torch.is_grad_enabled():  # as DDP: a forward with gradients after an incomplete backward
             self._complete("the last backward pass")
+        for unit in self.units:
+            flat_units.refuse_replaced(unit, self.stage)
         for buffer in self.model.buffers() if self.buffers_follow else ():
             self.comm.count("broadcast", buffer)
             dist.broadcast(buffer.detach(), src=0)
@@ -158,10 +155,10 @@ class ZeroByHand:
         already reduced the unit (an output that passes its input through reaches backward late)."""
         self._reshard(unit)
         unit.reduced_since_forward = False
-        if torch.is_grad_enabled() and not output_tensors(out):
+        if torch.is_grad_enabled() and not flat_units.output_tensors(out):
             raise RuntimeError(f"stage 3 found no tensor in what {type(unit.module).__name__} returned "
                                f"({type(out).__name__}) to hook for its backward pass")
-        for tensor in output_tensors(out):
+        for tensor in flat_units.output_tensors(out):
             if tensor.requires_grad:
                 tensor.register_hook(lambda grad: None if unit.reduced_since_forward else self._unshard(unit))
     # endregion
@@ -238,7 +235,7 @@ class ZeroByHand:
     # region: step
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Scale the averaged gradient to a norm of at most ``max_norm``, as ``clip_grad_norm_`` on DDP's."""
-        return clip_units(self, max_norm)
+        return flat_units.clip_units(self, max_norm)
 
     def reduce_gradients(self) -> None:
         """Raise if a gradient is missing; stages 0-1: reduce them (once; 2-3 did in backward)."""
@@ -296,4 +293,4 @@ class ZeroByHand:
     def held_bytes(self) -> dict[str, int]:
         """Bytes of model state this rank holds now: parameters, gradients, optimizer state
         (:func:`~.flat_units.held_bytes`)."""
-        return held_bytes(self)
+        return flat_units.held_bytes(self)
