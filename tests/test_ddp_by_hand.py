@@ -374,8 +374,8 @@ def test_the_exercise_watcher_counts_all_reduces_and_their_waits_and_puts_the_cl
 def _contract_rank(rank, world_size):
     """What the wrapper does where its contract is at stake: after a backward pass that left a
     parameter without gradient, a step, wrapping again and finish are refused (for a bucket per
-    parameter and for buckets); a model wrapped again after an armed forward (the old wrapper's
-    hooks are gone), and broadcast_buffers=False (buffers left as each rank has them, as DDP
+    parameter and for buckets); a model wrapped again after a step (the old wrapper's hooks are
+    gone, its forward raises), and broadcast_buffers=False (buffers left as each rank has them, as DDP
     leaves them)."""
     import torch.distributed as dist
 
@@ -405,7 +405,8 @@ def _contract_rank(rank, world_size):
         if name == "by hand":
             first = DDPByHand(model, broadcast_buffers=False)
             model.eval()  # BatchNorm's buffers stay as they are
-            first(torch.randn(4, 3))  # a forward with gradients arms the first wrapper's hooks
+            first(torch.randn(4, 3)).sum().backward()  # a whole step of the first wrapper
+            model.zero_grad()
             model.train()
             wrapped = DDPByHand(model, broadcast_buffers=False)  # takes the parameters' hooks
             try:
@@ -432,7 +433,7 @@ def test_after_an_incomplete_backward_a_step_is_refused_and_a_second_wrapper_rep
     for found in launch(_contract_rank, 2, echo=False, backend="gloo", timeout_s=120):
         for cap in (None, 1.0):
             assert "optimizer.step() after a synchronised backward pass that did not" in found["step", cap]
-            assert "still has all-reduces unfinished" in found["wrapped again", cap]
+            assert "is inside a step" in found["wrapped again", cap]
             assert "did not get each of its gradients exactly once" in found["finish", cap]
         (mine, my_mean), (theirs, their_mean) = found["grads"]["by hand"], found["grads"]["torch DDP"]
         assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
@@ -731,3 +732,51 @@ def _saved_and_replaced_rank(rank, world_size):
 def test_a_wrapped_model_pickles_and_a_replaced_parameter_is_named_as_such():
     for found in launch(_saved_and_replaced_rank, 2, echo=False, backend="gloo", timeout_s=60):
         assert "a replaced parameter" in (found or ""), found
+
+
+class _Scrubbed(nn.Module):
+    """Two layers; a hook on the activation between them sets the second layer's .grad to None
+    after that gradient was ready (backward reaches the activation after the second layer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(3, 3), nn.Linear(3, 3)
+
+    def forward(self, x):
+        h = self.first(x)
+        if h.requires_grad:
+            h.register_hook(self._scrub)
+        return self.second(h)
+
+    def _scrub(self, grad):
+        self.second.weight.grad = None
+
+
+def _mid_step_rank(rank, world_size):
+    """Wrapping again between a forward and its backward (refused: the new wrapper is not armed,
+    so nothing would be synchronised), and a .grad set to None after its hook (it ends with the
+    mean, as under DDP): the error, and the gradients by hand and under DDP."""
+    found = {}
+    model = nn.Linear(3, 3)
+    first = DDPByHand(model)
+    loss = first(torch.randn(2, 3) + rank).sum()
+    try:
+        DDPByHand(model)
+        found["wrapped mid-step"] = None
+    except RuntimeError as err:
+        found["wrapped mid-step"] = str(err)
+    loss.backward()
+    first = None
+    for cap, name, model, wrapped in _by_hand_and_ddp(_Scrubbed):
+        wrapped(torch.randn(4, 3, generator=torch.Generator().manual_seed(rank))).square().sum().backward()
+        found[name, cap] = [p.grad.clone() for p in model.parameters()]
+        wrapped = None
+    return found
+
+
+def test_wrapping_inside_a_step_is_refused_and_a_gradient_set_to_none_gets_the_mean_as_under_ddp():
+    for found in launch(_mid_step_rank, 2, echo=False, backend="gloo", timeout_s=60):
+        assert "is inside a step" in (found["wrapped mid-step"] or ""), found
+        for cap in (None, 1.0):
+            mine, theirs = found["by hand", cap], found["torch DDP", cap]
+            assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True)), cap

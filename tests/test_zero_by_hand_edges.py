@@ -374,3 +374,28 @@ def test_a_parameter_replaced_after_wrapping_is_refused_and_a_later_hook_sees_th
             assert found[stage, "hook saw a gradient"], (stage, found)
             if stage >= 1:
                 assert "no longer hold the view of the unit's flat buffer" in (found[stage] or ""), found
+
+
+def _zeroed_by_the_model(rank, world_size):
+    """Stages 2-3, two steps with model.zero_grad() between them: the error (the shards of the
+    first step would add to the second's)."""
+    found = {}
+    for stage in (2, 3):
+        torch.manual_seed(0)
+        model = _Net(tied=False, spare=False)
+        zero = ZeroByHand(model, stage, torch.optim.SGD, lr=0.1)
+        try:
+            for _ in range(2):
+                model.zero_grad()
+                nn.functional.mse_loss(model(torch.randn(4, 6)), torch.zeros(4, 3)).backward()
+                zero.step()
+            found[stage] = None
+        except RuntimeError as err:
+            found[stage] = str(err)
+    return found
+
+
+def test_model_zero_grad_between_steps_is_refused_at_stages_2_and_3():
+    for found in launch(_zeroed_by_the_model, 2, echo=False, backend="gloo", timeout_s=60):
+        for stage in (2, 3):
+            assert "model.zero_grad() does not reach the shards" in (found[stage] or ""), found

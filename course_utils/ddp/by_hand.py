@@ -283,6 +283,8 @@ class DDPByHand(nn.Module):
             flat /= self.world_size
             bucket = self.buckets[b]
             for param, mean in zip(bucket, flat.split([p.numel() for p in bucket]), strict=True):
+                if param.grad is None:  # set to None after its hook: DDP gives it the mean too
+                    param.grad = torch.empty_like(param)
                 param.grad.copy_(mean.view_as(param))
         self._reset()
         if missing:

@@ -46,9 +46,11 @@ def take_over(param: torch.nn.Parameter, wrapper: Any, hook: Any) -> None:
     if "by_hand" in accumulator.metadata:
         owner, handle = accumulator.metadata["by_hand"]
         earlier = owner()
-        if earlier is not None and earlier.ready:
-            raise RuntimeError("the wrapper these parameters had still has all-reduces unfinished: "
-                               "call its finish_gradient_synchronization() before wrapping them again")
+        if earlier is not None and (earlier.ready or earlier.armed):
+            raise RuntimeError("the wrapper these parameters had is inside a step (a forward with "
+                               "gradients whose backward pass has not finished synchronising): "
+                               "finish that step, or run that forward under torch.no_grad(), before "
+                               "wrapping them again")
         handle.remove()
         if earlier is not None:
             _WRAPPERS.discard(earlier)

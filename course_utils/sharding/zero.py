@@ -179,6 +179,10 @@ class ZeroByHand:
             grad[unit.lo:unit.lo + unit.size].copy_(mine)
             unit.shard.grad = grad[unit.lo:unit.lo + unit.size]
         else:  # stages 2 and 3: only the shard of the gradient lives on (and adds up over backwards)
+            if self.stepped and unit.shard.grad is not None:
+                raise RuntimeError("the gradient shards of the last step are still here: call this "
+                                   "ZeroByHand's zero_grad() between steps (model.zero_grad() does not "
+                                   "reach the shards, which only the wrapper holds)")
             unit.shard.grad = mine if unit.shard.grad is None else unit.shard.grad + mine
             for p in unit.params:
                 p.grad = None
