@@ -1,7 +1,7 @@
 """ZeRO by hand: data parallelism whose model state is split over the ranks (notebook 10).
 
 ``ZeroByHand(model, stage)`` trains ``model`` on the current process group at ZeRO stage 0 (plain
-data parallelism: DDP's arithmetic, an all-reduce of the gradients and a divide), 1, 2 or 3. Every
+data parallelism: an all-reduce of the gradients, then a divide; DDP divides first), 1, 2 or 3. Every
 module that owns parameters that train is one *unit*: those parameters become views of one flat
 buffer, padded to a multiple of the world size N, and rank r owns the r-th of N equal slices of
 each buffer (its *shard*). Stage 0 does not pad.
