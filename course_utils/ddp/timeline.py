@@ -21,10 +21,12 @@ class Event(NamedTuple):
 class Timeline:
     """The events of one rank, in the order they happened (with ``record=False``, none are kept).
 
-    The training loop marks ``backward_start`` and ``backward_end``; the versions mark, per
-    all-reduce, when it was started, when the backend finished it (``all_reduce_done``: on gloo the
-    moment its thread is done; on NCCL, when the work was queued on the GPU's stream, not when the
-    GPU ended it) and when the training loop waited for it (``wait_start``, ``wait_end``).
+    The training loop marks ``backward_start`` and, for the versions that do not, ``backward_end``
+    (``DDPByHand`` marks it itself once autograd has computed every gradient); the versions mark,
+    per all-reduce, when it was started, when the backend finished it (``all_reduce_done``: on gloo
+    the moment its thread is done; on NCCL, when the work was queued on the GPU's stream, not when
+    the GPU ended it) and when it was waited for (``wait_start``, ``wait_end``: by ``DDPByHand``
+    as the backward pass ends).
     """
 
     def __init__(self, record: bool = True) -> None:

@@ -30,18 +30,18 @@ sends in a ring implementation of that collective, counted from the tensors pass
 What it shares with DDP: when it is built, every rank takes rank 0's parameters and buffers; before
 a forward that follows a forward run with gradients, rank 0's buffers again (BatchNorm's running
 statistics; DDP's ``broadcast_buffers=True``; FSDP does neither); gradients from several backward
-passes before a step add up (stage 1 asks for ``zero_grad()`` between steps, since it keeps only its
-slice of the averaged gradient). Every backward pass is reduced: DDP leaves unsynchronised a
-backward pass that no forward with gradients armed (a second backward pass of one graph, or the
-second of two backward passes run after two forwards). A parameter that trains and gets no
-gradient is an error, never a silent skip: at stages 2-3 (each backward pass must reduce every
-unit) at the next forward with gradients, the next backward pass that reaches the unit or
-``step()``, whichever comes first; at stages 0-1 at ``step()``; DDP raises at the next forward.
-A frozen parameter (``requires_grad=False``) is in no unit: every rank keeps it whole. A parameter
-two modules share (a tied weight) belongs to the unit of the first module that owns it; stage 3,
-which frees each unit after its own forward, refuses one. The parameters of one module share a dtype (one flat
-buffer). At stage 3, ``state_dict()`` raises: take ``full_parameters()``.
-"""
+passes before a step add up (stages 1-3 ask for this object's ``zero_grad()`` between steps: they
+keep only slices of the averaged gradient, which ``model.zero_grad()`` does not reach). Every
+backward pass is reduced: DDP leaves unsynchronised a backward pass that no forward with gradients
+armed (a second backward pass of one graph, or the second of two backward passes run after two
+forwards). A parameter that trains and gets no gradient is an error, never a silent skip: at stages
+2-3 (each backward pass must reduce every unit) at the next forward with gradients, the next
+backward pass that reaches the unit or ``step()``, whichever comes first; at stages 0-1 at
+``step()``; DDP raises at the next forward. A frozen parameter (``requires_grad=False``) is in no
+unit: every rank keeps it whole. A parameter two modules share (a tied weight) belongs to the unit
+of the first module that owns it; stage 3, which frees each unit after its own forward, refuses one.
+The parameters of one module share a dtype (one flat buffer). At stage 3, ``state_dict()`` raises:
+take ``full_parameters()``. """
 
 from __future__ import annotations
 
