@@ -3,6 +3,7 @@ all-reduce (so that a wait inside the backward pass is caught and one after it i
 06.3 reads any whole number and turns anything else into a hint, never an exception."""
 
 import math
+import time
 from fractions import Fraction
 
 import numpy as np
@@ -45,6 +46,38 @@ def test_every_way_of_waiting_counts_and_a_handle_never_waited_for_does_not():
     for waited, sent in launch(_waits, 2, echo=False):
         assert [bool(w) for w in waited] == [True] * 8 + [False], waited
         assert sent == [[1.0] * 4] * len(sent)
+
+
+def _callback_chained_after_the_end(rank, world_size):
+    """A callback chained to an all-reduce that has already finished runs at once, in this thread,
+    possibly before the watcher's own callback (chained first, but run by the backend's thread,
+    which waits for the GIL): here this thread keeps the GIL until it has chained its division."""
+    import sys
+
+    import torch.distributed as dist
+
+    from course_utils.exercises.nb06_hints import written_in_flight
+
+    interval, done = sys.getswitchinterval(), torch._C.Future.done  # done: as torch has it, unwatched
+    with all_reduces_watched() as reduced:
+        grad = torch.full((4,), float(rank + 1))
+        sys.setswitchinterval(100.0)  # no other Python thread runs until this thread waits
+        try:
+            work = dist.all_reduce(grad, async_op=True)
+            future, deadline = work.get_future(), time.monotonic() + 5
+            while time.monotonic() < deadline and not done(future):
+                pass  # spins with the GIL held: the all-reduce ends, its callbacks wait
+            finished = done(future)
+            chained = work.get_future().then(lambda f: f.value()[0].div_(world_size))
+        finally:
+            sys.setswitchinterval(interval)
+        chained.wait()
+    return finished, written_in_flight(reduced, world_size), grad.tolist()
+
+
+def test_a_callback_chained_after_the_all_reduce_ended_is_no_race():
+    for finished, raced, grad in launch(_callback_chained_after_the_end, 2, echo=False):
+        assert finished and not raced and grad == [1.5] * 4
 
 
 @pytest.mark.parametrize("answer", [(4, 2), [4.0, 2.0], (np.int64(4), np.float32(2)), torch.tensor([4, 2]),
