@@ -39,28 +39,31 @@ TESTS_ENV := OMP_NUM_THREADS=1
 unexport PYTHONDONTWRITEBYTECODE
 # More pytest options for test, unit, nbval and stress: make test ARGS="--durations=10"
 ARGS ?=
+# pytest, with tests/early_plugin.py loaded before nbval: it keeps out an import nbval's nbformat
+# pulls in and never uses (0.86 CPU-s in each pytest process, workers included).
+PYTEST := $(BIN)/python -m pytest -p tests.early_plugin
 
 test: $(STAMP) ## Unit tests and every notebook under nbval, in parallel on this machine's cores
-	$(TESTS_ENV) $(BIN)/python -m pytest $(PARALLEL) $(ARGS)
+	$(TESTS_ENV) $(PYTEST) $(PARALLEL) $(ARGS)
 
 unit: $(STAMP) ## Unit tests only (fast)
-	$(TESTS_ENV) $(BIN)/python -m pytest $(PARALLEL) tests $(ARGS)
+	$(TESTS_ENV) $(PYTEST) $(PARALLEL) tests $(ARGS)
 
 nbval: $(STAMP) ## Notebooks only, under nbval
-	$(TESTS_ENV) $(BIN)/python -m pytest $(PARALLEL) notebooks $(ARGS)
+	$(TESTS_ENV) $(PYTEST) $(PARALLEL) notebooks $(ARGS)
 
 # Stored outputs must be what every correct CPU prints. PyTorch picks its CPU kernels by the
 # processor (AVX-512, AVX2, ...), and a rounding residue printed by one set differs under another:
 # ATEN_CPU_CAPABILITY=default forces the portable kernels, a second machine on this one. make stress
 # (and so CI) runs the notebooks that way too, with fresh-interpreter ranks (tests/test_fresh_starts.py).
 nbval-portable: $(STAMP) ## Notebooks under nbval again with PyTorch's portable CPU kernels (another CPU's rounding)
-	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest $(PARALLEL) notebooks
+	ATEN_CPU_CAPABILITY=default $(PYTEST) $(PARALLEL) notebooks
 
 # tests/test_fresh_starts.py runs every notebook under nbval as on another machine: ranks started as
 # fresh interpreters (COURSE_START=subprocess, the start off Linux and with a GPU) and PyTorch's
 # portable CPU kernels (ATEN_CPU_CAPABILITY=default), in a pytest of its own on every core.
 stress: $(STAMP) ## the tests marked stress: repeated launches, torchrun restarts, every notebook as on another machine
-	$(BIN)/python -m pytest -m stress tests $(ARGS)
+	$(PYTEST) -m stress tests $(ARGS)
 
 execute: $(STAMP) ## Re-run every notebook in place (clean CPU run) to refresh stored outputs
 	$(BIN)/python -m course_utils.tools.nbtools execute $(NOTEBOOKS)
