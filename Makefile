@@ -23,12 +23,13 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@touch $@
 
-# Unit tests and notebooks run on two more workers than the machine has cores (pytest-xdist): many
+# Unit tests and notebooks run on three more workers than the machine has cores (pytest-xdist): many
 # tests wait (on ranks, a timeout, a slow save, a hang being detected), and the extra workers fill
-# that time (measured on 2 cores: 198 s on 3 workers, 188 s on 4, the machine 1.9 cores busy).
+# that time. Measured on 2 cores (make test, 2026-11-27): 186 s on 3 workers, 164 s on 4, 155 s on
+# 5 (the machine 1.98 cores busy), 159 s on 6.
 # --dist loadscope keeps each notebook (and each test module) on one worker, in order;
 # tests/conftest.py hands the longest scopes out first (--no-loadscope-reorder keeps that order).
-WORKERS  := $(shell $(PYTHON) -c 'import os; print(2 + (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')
+WORKERS  := $(shell $(PYTHON) -c 'import os; print(3 + (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')
 PARALLEL := -n $(WORKERS) --dist loadscope --no-loadscope-reorder
 # One torch thread per test process and notebook kernel: with more workers than cores, torch's
 # thread teams only wait for each other (measured: 353 CPU-s instead of 383, 188 s instead of 209).
