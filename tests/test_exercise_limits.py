@@ -197,8 +197,9 @@ def test_in_a_jupyter_kernel_the_alarm_stops_the_answer(tmp_path):
     assert "(implement): right" in nb.cells[3].outputs[0]["text"]
 
 
-#: the launch limit the stress test below gives the ranks (the judges' own are 15-60 s)
-RANK_LIMIT_S = 6.0
+#: the launch limit the stress test below gives the ranks (the judges' own are 15-60 s): each of the
+#: eleven looping answers spins on every core until then (3 s: about 66 CPU-s fewer than 6 s)
+RANK_LIMIT_S = 3.0
 
 
 @pytest.mark.stress
