@@ -278,7 +278,7 @@ def test_a_script_without_a_main_guard_runs_once(tmp_path):
     script.write_text("from course_utils.ddp import demos\n"
                       "from course_utils.distributed import launch\n"
                       "print('the script body ran')\n"
-                      "print(launch(demos.all_reduce_sum, 1, echo=False))\n")  # one fresh interpreter is enough
+                      "print(launch(demos.all_reduce_sum, 1, echo=False))\n")  # one fresh interpreter
     assert run_python(str(script), cwd=tmp_path) == ["the script body ran", "[[1.0]]"]
 
 
