@@ -289,10 +289,10 @@ def test_a_fork_server_started_by_someone_else_works_and_ends_with_its_parent():
             "p.start(); p.join()\n"
             "from course_utils.ddp import demos\n"
             "from course_utils.distributed import launch\n"
-            "print(launch(demos.all_reduce_sum, 2, echo=False, start='forkserver'))\n"
+            "print(launch(demos.all_reduce_sum, 1, echo=False, start='forkserver'))\n"
             "print(*[c.pid for c in psutil.Process().children(recursive=True)])\n")
     result, helpers = run_python("-c", code)
-    assert result == "[[3.0], [3.0]]"
+    assert result == "[[1.0]]"  # one rank: it imports torch itself (the server preloaded nothing)
     helpers = [int(pid) for pid in helpers.split()]
     assert len(helpers) == 2  # the fork server and its resource tracker, nothing else
     deadline = time.monotonic() + 10
