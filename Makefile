@@ -63,8 +63,11 @@ nbval-portable: $(STAMP) ## Notebooks under nbval again with PyTorch's portable 
 # tests/test_fresh_starts.py runs every notebook under nbval as on another machine: ranks started as
 # fresh interpreters (COURSE_START=subprocess, the start off Linux and with a GPU) and PyTorch's
 # portable CPU kernels (ATEN_CPU_CAPABILITY=default), in a pytest of its own on every core.
+# STRESS_TESTS narrows it: CI runs tests/test_fresh_starts.py (every notebook once more) in a pytest of
+# its own beside the rest (ARGS=--ignore=tests/test_fresh_starts.py), which stay one after the other.
+STRESS_TESTS ?= tests
 stress: $(STAMP) ## the tests marked stress: repeated launches, torchrun restarts, every notebook as on another machine
-	$(PYTEST) -m stress tests $(ARGS)
+	$(PYTEST) -m stress $(STRESS_TESTS) $(ARGS)
 
 execute: $(STAMP) ## Re-run every notebook in place (clean CPU run) to refresh stored outputs
 	$(BIN)/python -m course_utils.tools.nbtools execute $(NOTEBOOKS)
