@@ -63,8 +63,7 @@ nbval-portable: $(STAMP) ## Notebooks under nbval again with PyTorch's portable 
 # tests/test_fresh_starts.py runs every notebook under nbval as on another machine: ranks started as
 # fresh interpreters (COURSE_START=subprocess, the start off Linux and with a GPU) and PyTorch's
 # portable CPU kernels (ATEN_CPU_CAPABILITY=default), in a pytest of its own on every core.
-# STRESS_TESTS narrows it: CI runs tests/test_fresh_starts.py (every notebook once more) in a pytest of
-# its own beside the rest (ARGS=--ignore=tests/test_fresh_starts.py), which stay one after the other.
+# STRESS_TESTS narrows it (make stress STRESS_TESTS=tests/test_fresh_starts.py: every notebook once more).
 STRESS_TESTS ?= tests
 stress: $(STAMP) ## the tests marked stress: repeated launches, torchrun restarts, every notebook as on another machine
 	$(PYTEST) -m stress $(STRESS_TESTS) $(ARGS)
