@@ -100,7 +100,7 @@ def test_ci_checks_the_notebooks_with_another_cpus_kernels():
     from test_pins import ci_commands
 
     assert test_fresh_starts.PORTABLE_KERNELS == {"ATEN_CPU_CAPABILITY": "default"}
-    # make stress whole, or (as CI runs it) tests/test_fresh_starts.py in a run of its own beside the rest
+    # make stress whole, or tests/test_fresh_starts.py in a run of its own (STRESS_TESTS) beside the rest
     stress = [c for c in ci_commands() if c.startswith("make stress")]
     alone = [c for c in stress if "STRESS_TESTS=tests/test_fresh_starts.py" in c]
     assert "make stress" in stress or alone, stress
