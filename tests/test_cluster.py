@@ -82,12 +82,16 @@ def test_on_usr1_the_ranks_save_first_and_the_job_is_requeued_after(tmp_path):
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    # A rank says it is ready once its trap is set: a SIGTERM that reached it before would kill it
+    # unsaved (seen on a loaded machine), which is the test racing itself, not the script.
     rank = ('trap \'sleep 0.5; echo saved > saved.$1; exit 0\' TERM\n'
+            'touch ready.$1\n'
             'while true; do sleep 0.05; done\n')
     (tmp_path / "rank.sh").write_text(rank)
     (bin_dir / "srun").write_text(
         '#!/bin/bash\necho "$@" > srun_args\n'
         'for r in 0 1; do bash rank.sh $r & echo $! >> ranks; done\n'
+        'until [ -e ready.0 ] && [ -e ready.1 ]; do sleep 0.05; done\n'
         'touch started\nwait\nexit 0\n')
     (bin_dir / "scancel").write_text('#!/bin/bash\necho "$@" > scancel_args\nkill -TERM $(cat ranks)\n')
     (bin_dir / "scontrol").write_text(
