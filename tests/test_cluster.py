@@ -91,7 +91,7 @@ def test_on_usr1_the_ranks_save_first_and_the_job_is_requeued_after(tmp_path):
     (bin_dir / "srun").write_text(
         '#!/bin/bash\necho "$@" > srun_args\n'
         'for r in 0 1; do bash rank.sh $r & echo $! >> ranks; done\n'
-        'until [ -e ready.0 ] && [ -e ready.1 ]; do sleep 0.05; done\n'
+        'for _ in $(seq 600); do [ -e ready.0 ] && [ -e ready.1 ] && break; sleep 0.05; done\n'
         'touch started\nwait\nexit 0\n')
     (bin_dir / "scancel").write_text('#!/bin/bash\necho "$@" > scancel_args\nkill -TERM $(cat ranks)\n')
     (bin_dir / "scontrol").write_text(
@@ -103,7 +103,7 @@ def test_on_usr1_the_ranks_save_first_and_the_job_is_requeued_after(tmp_path):
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42",
            "SLURM_JOB_NODELIST": "node-[a-b]"}
     job = subprocess.Popen(["bash", "job.sh"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         for _ in range(600):  # until srun runs (a wait, not a timed assertion)
             if (tmp_path / "started").exists() or job.poll() is not None:
@@ -112,9 +112,10 @@ def test_on_usr1_the_ranks_save_first_and_the_job_is_requeued_after(tmp_path):
         assert (tmp_path / "started").exists(), job.communicate(timeout=10)[0]
         job.send_signal(signal.SIGUSR1)
         out, _ = job.communicate(timeout=60)
-    finally:
+    finally:  # a job still running: it, its fake srun and its ranks (which loop until signalled)
         if job.poll() is None:
-            job.kill()
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
     assert job.returncode == 0, out
     assert (tmp_path / "scancel_args").read_text().split() == ["--signal=TERM", "42"]
     assert (tmp_path / "requeued").read_text().split() == ["requeue", "42", "after", "saved.0", "saved.1"]
