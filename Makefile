@@ -156,8 +156,8 @@ book-browser:
 book: $(BOOK_STAMP) ## Build the course as an HTML book in _book/site (open _book/site/index.html)
 	$(BOOK_VENV)/bin/python book/build.py
 
-# BOOK_SHOTS=no takes no screenshots: CI does (nobody sees them there; about 40 CPU-s of Chromium's
-# 190 on 2 cores, more when the machine is busy). Every check on every page runs either way.
+# BOOK_SHOTS=no takes no screenshots: CI does (nobody sees them there; measured alone on 2 cores,
+# 151 CPU-s of Chromium and check.py without them, 193 with). Every check on every page runs either way.
 BOOK_SHOTS ?= yes
 book-check: book book-browser ## Open every page of the book in headless Chromium (desktop, phone); the book's tests
 	$(BOOK_VENV)/bin/python book/check.py $(if $(filter no,$(BOOK_SHOTS)),--no-shots)
