@@ -30,8 +30,8 @@ needs_ss = pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.whi
 NUMEL = 2**18
 
 
-def _sockets() -> dict[tuple[int, int], int]:
-    """(local port, peer port) -> bytes sent, for this process's TCP sockets."""
+def _sockets() -> dict[tuple[str, str], int]:
+    """(local address:port, peer address:port) -> bytes sent, for this process's TCP sockets."""
     out = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, check=True).stdout
     pid, found, current = os.getpid(), {}, None
     for line in out.splitlines():
@@ -39,14 +39,14 @@ def _sockets() -> dict[tuple[int, int], int]:
             current = None
             if f"pid={pid}," in line:
                 fields = line.split()
-                current = (int(fields[3].rsplit(":", 1)[1]), int(fields[4].rsplit(":", 1)[1]))
+                current = (fields[3], fields[4])
         elif current is not None:
             sent = re.search(r"bytes_sent:(\d+)", line)
             found[current] = int(sent.group(1)) if sent else 0
     return found
 
 
-def _measured(op) -> dict[tuple[int, int], int]:
+def _measured(op) -> dict[tuple[str, str], int]:
     """The bytes each socket of this rank sent while ``op`` ran once (after a first run, which
     opens the connections)."""
     import torch.distributed as dist
@@ -73,14 +73,17 @@ def _collective_rank(rank, world_size, kind):
 
 
 def _by_peer(results) -> list[dict[int, int]]:
-    """Per rank: peer rank -> bytes sent to it (sockets matched to ranks by their ports)."""
-    owner = {local: rank for rank, sockets in enumerate(results) for local, _ in sockets}
+    """Per rank: peer rank -> bytes sent to it. A socket's other end is the socket with its two
+    endpoints swapped: a local port alone did not always name one rank (a run under load found two
+    ranks' sockets on one local port, and counted a rank's bytes to rank 0 as sent to rank 3)."""
+    owner = {ends: rank for rank, sockets in enumerate(results) for ends in sockets}
     peers = []
     for sockets in results:
         sent: dict[int, int] = {}
-        for (_, peer), count in sockets.items():
-            if peer in owner and count:
-                sent[owner[peer]] = sent.get(owner[peer], 0) + count
+        for (local, peer), count in sockets.items():
+            other = owner.get((peer, local))
+            if other is not None and count:
+                sent[other] = sent.get(other, 0) + count
         peers.append(sent)
     return peers
 
