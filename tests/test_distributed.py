@@ -1,6 +1,7 @@
 """The launcher's contract, the ring all-reduce, and DDP training three ways (real gloo processes)."""
 
 import functools
+import importlib.util
 import os
 import socket
 import subprocess
@@ -299,6 +300,21 @@ def test_a_fork_server_started_by_someone_else_works_and_ends_with_its_parent():
     while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in helpers):
         time.sleep(0.05)
     assert not any(psutil.pid_exists(pid) for pid in helpers)
+
+
+def _not_imported(rank, world_size, names):
+    return [name for name in names if name not in sys.modules]
+
+
+@pytest.mark.skipif(sys.platform != "linux" or torch.cuda.is_available(),
+                    reason="the fork server is used on Linux machines without a GPU only")
+def test_the_fork_server_preloads_every_module_it_lists():
+    """multiprocessing's fork server skips a preload module it cannot import, and says nothing: a
+    module renamed or moved would only make every forked rank import it again, slower."""
+    from course_utils.launcher.forkserver import PRELOAD
+
+    assert [name for name in PRELOAD if importlib.util.find_spec(name) is None] == []
+    assert launch(_not_imported, 2, PRELOAD, start="forkserver", echo=False) == [[], []]
 
 
 def test_unpicklable_arguments_and_results():

@@ -30,10 +30,23 @@ STARTS = ("auto", "forkserver", "subprocess")
 START_VARIABLE = "COURSE_START"
 
 
-#: What the fork server imports once, so that a forked rank need not: torch, c10d, and what
-#: DDP's first construction imports lazily (torch._dynamo, about 1.5 s on its own).
+#: What the fork server imports once, so that a forked rank need not: torch, c10d, what DDP's
+#: first construction imports lazily (torch._dynamo, about 1.5 s on its own), and the course's
+#: modules whose functions run on ranks. A forked rank that imports a module pays more than the
+#: module's own import: every page of the server's memory the import writes to is copied first
+#: (about 10 ms a rank for these, measured; a millisecond or two in the server). None of them
+#: computes with torch when imported (forking after torch computed can deadlock the child).
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "cloudpickle",
-            "course_utils.launcher.rank", "course_utils.distributed"]
+           "tomllib", "torch.distributed.algorithms.ddp_comm_hooks",
+           "course_utils.launcher.rank", "course_utils.distributed", "course_utils.data",
+           "course_utils.models", "course_utils.ddp.amp", "course_utils.ddp.by_hand_runs",
+           "course_utils.ddp.by_hand_trials", "course_utils.ddp.demos", "course_utils.ddp.noise_scale",
+           "course_utils.ddp.train", "course_utils.debugging.failure_zoo",
+           "course_utils.debugging.training_bugs", "course_utils.exercises.all_reduces",
+           "course_utils.exercises.answers", "course_utils.exercises.dispatched",
+           "course_utils.exercises.nb06_ranks", "course_utils.exercises.nb10_between",
+           "course_utils.exercises.nb12_ranks", "course_utils.exercises.on_ranks",
+           "course_utils.faults.snapshots", "course_utils.faults.torchrun", "course_utils.sharding.runs"]
 
 
 def chosen_start(start: str | None = None) -> str:
