@@ -23,13 +23,16 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@touch $@
 
-# Unit tests and notebooks run on three more workers than the machine has cores (pytest-xdist): many
+# Unit tests and notebooks run on two more workers than the machine has cores (pytest-xdist): many
 # tests wait (on ranks, a timeout, a slow save, a hang being detected), and the extra workers fill
-# that time. Measured on 2 cores (make test, 2026-11-27): 186 s on 3 workers, 164 s on 4, 155 s on
-# 5 (the machine 1.98 cores busy), 159 s on 6.
+# that time. Each worker costs CPU too (it collects every test, and starts a fork server and
+# kernels). Measured on 2 cores (make test, 2026-11-27, runs of 4 and 5 workers taken in turn):
+# 4 workers 147-156 s, 278-293 CPU-s, 1.87-1.90 cores busy; 5 workers 144-160 s, 283-316 CPU-s,
+# 1.96-1.98 cores busy. Earlier, before the fork servers preloaded the course's modules: 186 s on
+# 3 workers, 164 s on 4, 155 s on 5, 159 s on 6.
 # --dist loadscope keeps each notebook (and each test module) on one worker, in order;
 # tests/conftest.py hands the longest scopes out first (--no-loadscope-reorder keeps that order).
-WORKERS  := $(shell $(PYTHON) -c 'import os; print(3 + (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')
+WORKERS  := $(shell $(PYTHON) -c 'import os; print(2 + (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')
 PARALLEL := -n $(WORKERS) --dist loadscope --no-loadscope-reorder
 # One torch thread per test process and notebook kernel: with more workers than cores, torch's
 # thread teams only wait for each other (measured: 353 CPU-s instead of 383, 188 s instead of 209).
