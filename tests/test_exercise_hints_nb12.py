@@ -3,11 +3,11 @@ the tests of test_exercise_hints.py, on the exercises it leaves to this module a
 so that pytest-xdist runs them beside the others and beside one another (each module stays on
 one worker).
 
-The checks of 11.1, 11.3, 11.4, 11.5 and 11.8 run ranks. Their listed answers are judged together
+The checks of 12.1, 12.3, 12.4, 12.5 and 12.8 run ranks. Their listed answers are judged together
 (``nb12.verdicts``: one launch per world size, one answer after another, each as it would be
 judged alone), except those whose ranks hang: a hang is judged in a launch of its own, in
 test_exercise_hints_nb12_hangs.py (in a batch it would be judged twice, where the batch stops and
-then alone). 11.8's answers, whose checks wait for a slow write, are judged in
+then alone). 12.8's answers, whose checks wait for a slow write, are judged in
 test_exercise_hints_nb12_saving.py. Each answer's hint is checked on its own.
 """
 
