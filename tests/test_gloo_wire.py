@@ -74,8 +74,8 @@ def _collective_rank(rank, world_size, kind):
 
 def _by_peer(results) -> list[dict[int, int]]:
     """Per rank: peer rank -> bytes sent to it. A socket's other end is the socket with its two
-    endpoints swapped: a local port alone did not always name one rank (a run under load found two
-    ranks' sockets on one local port, and counted a rank's bytes to rank 0 as sent to rank 3)."""
+    endpoints swapped. A map from local port to rank once counted, under load, a rank's bytes to
+    rank 0 as sent to rank 3: rank 3 too had a socket on that port number."""
     owner = {ends: rank for rank, sockets in enumerate(results) for ends in sockets}
     peers = []
     for sockets in results:

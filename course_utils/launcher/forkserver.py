@@ -34,7 +34,7 @@ START_VARIABLE = "COURSE_START"
 #: first construction imports lazily (torch._dynamo, about 1.5 s on its own), and the course's
 #: modules whose functions run on ranks. A forked rank that imports a module pays more than the
 #: module's own import: every page of the server's memory the import writes to is copied first
-#: (about 10 ms a rank for these, measured; a millisecond or two in the server). None of them
+#: (up to about 10 ms a rank for these, measured; 20 ms once, in the server). None of them
 #: computes with torch when imported (forking after torch computed can deadlock the child).
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "cloudpickle",
            "tomllib", "torch.distributed.algorithms.ddp_comm_hooks",
