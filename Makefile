@@ -26,8 +26,8 @@ $(STAMP): requirements.txt pyproject.toml
 # Unit tests and notebooks run on two more workers than the machine has cores (pytest-xdist): many
 # tests wait (on ranks, a timeout, a slow save, a hang being detected), and the extra workers fill
 # that time. Each worker costs CPU too (it collects every test, and starts a fork server and
-# kernels). Measured on 2 cores (make test, 2026-11-27, runs of 4 and 5 workers taken in turn):
-# 4 workers 147-161 s, 276-306 CPU-s, 1.87-1.91 cores busy; 5 workers 144-160 s, 283-316 CPU-s,
+# kernels). Measured on 2 cores (make test, 2026-11-27, runs of 4 and 5 workers the same day, most
+# of them taken in turn): 4 workers 147-161 s, 280-306 CPU-s, 1.87-1.91 cores busy; 5 workers 144-160 s, 283-316 CPU-s,
 # 1.96-1.98 cores busy. Earlier, before the fork servers preloaded the course's modules: 186 s on
 # 3 workers, 164 s on 4, 155 s on 5, 159 s on 6.
 # --dist loadscope keeps each notebook (and each test module) on one worker, in order;
