@@ -18,6 +18,8 @@ import re
 import pytest
 
 from course_utils.exercises import bank, find, run_source, verdict
+from course_utils.exercises.core import answer_defined
+from course_utils.exercises.together import judged_by_plan, verdicts
 
 ALL = bank("all")
 #: notebook 12's checks run ranks, several launches an answer: their answers are judged in
@@ -27,10 +29,31 @@ ON_A_WORKER_OF_THEIR_OWN = "12"
 HERE = [ex for ex in ALL if ex.notebook != ON_A_WORKER_OF_THEIR_OWN]
 
 
+def answer_of(key: str, source: str):
+    """What an answer cell's source defines as the answer of exercise ``key``."""
+    return answer_defined(find(key), source)
+
+
+def returns_none(*args, **kwargs):  # the probe of _hints: a function that returns None
+    return None
+
+
+@functools.cache
+def judged_together(key: str) -> dict:
+    """The verdicts of the listed wrong answers of ``key`` (by source) and of ``returns_none`` (under
+    None), judged together: its check runs a plan on ranks (one launch per world size, one answer
+    after another, each as it would be judged alone; make stress compares the two)."""
+    sources = [src for src, _ in find(key).wrong]
+    return dict(zip([*sources, None], verdicts(key, [*map(functools.partial(answer_of, key), sources),
+                                                      returns_none]), strict=True))
+
+
 @functools.cache
 def judged(key: str, source: str):
     """The check's verdict on one answer source, judged once per test process: the two tests below
     read the same listed wrong answers (in one module, so pytest-xdist keeps them on one worker)."""
+    if judged_by_plan(key) and any(source == src for src, _ in find(key).wrong):
+        return judged_together(key)[source]
     return run_source(key, source)
 
 
@@ -254,7 +277,7 @@ def _hints(ex) -> list[tuple[str, str]]:
             if not result.right:
                 found.append((repr(probe), result.hint))
     else:
-        result = verdict(ex, lambda *args, **kwargs: None)
+        result = judged_together(ex.key)[None] if judged_by_plan(ex.key) else verdict(ex, returns_none)
         found.append(("a function that returns None", result.hint))
     return found
 

@@ -4,7 +4,7 @@ so that pytest-xdist runs them beside the others and beside one another (each mo
 one worker).
 
 The checks of 12.1, 12.3, 12.4, 12.5 and 12.8 run ranks. Their listed answers are judged together
-(``nb12.verdicts``: one launch per world size, one answer after another, each as it would be
+(``together.verdicts``: one launch per world size, one answer after another, each as it would be
 judged alone), except those whose ranks hang: a hang is judged in a launch of its own, in
 test_exercise_hints_nb12_hangs.py (in a batch it would be judged twice, where the batch stops and
 then alone). 12.8's answers, whose checks wait for a slow write, are judged in
@@ -18,12 +18,14 @@ from test_exercise_hints import (
     ALL,
     ON_A_WORKER_OF_THEIR_OWN,
     _leak,
+    answer_of,
     every_listed_wrong_answer_gets_its_hint,
     no_hint_gives_the_answer_away,
+    returns_none,
 )
 
 from course_utils.exercises import find, nb12, verdict
-from course_utils.exercises.answer_cells import _execute
+from course_utils.exercises.together import judged_by_plan, verdicts
 
 THESE = [ex for ex in ALL if ex.notebook == ON_A_WORKER_OF_THEIR_OWN]
 ON_RANKS = [ex for ex in THESE if ex.key in nb12.PLANS]
@@ -37,15 +39,6 @@ HERE = [(ex.key, i) for ex in ON_RANKS if ex.key not in SAVING for i in range(le
         if (ex.key, i) not in HANG]
 
 
-def answer_of(key: str, source: str):
-    ex = find(key)
-    return _execute(ex, source, "answer")[ex.answer]
-
-
-def returns_none(*args, **kwargs):  # the probe of test_exercise_hints._hints: a function that returns None
-    return None
-
-
 @functools.cache
 def judged_together(key: str) -> dict:
     """The verdicts of the listed wrong answers of ``key`` that do not hang, by their index, and of
@@ -53,7 +46,7 @@ def judged_together(key: str) -> dict:
     ex = find(key)
     indices = [i for i in range(len(ex.wrong)) if (key, i) not in HANG]
     answers = [answer_of(key, ex.wrong[i][0]) for i in indices] + [returns_none]
-    return dict(zip([*indices, len(ex.wrong)], nb12.verdicts(key, answers), strict=True))
+    return dict(zip([*indices, len(ex.wrong)], verdicts(key, answers), strict=True))
 
 
 def gets_its_hint(key: str, i: int, result) -> None:
@@ -162,7 +155,7 @@ def test_answers_judged_together_get_what_each_gets_alone():
     sources = [ex.solution, KILLS_RANK_1, ex.wrong[2][0], RAISES_ON_RANK_1, ex.also_right[0],
                LEAVES_RANK_0_IN_A_BARRIER, ex.wrong[1][0]]
     answers = [answer_of("12.3", source) for source in sources]
-    together = nb12.verdicts("12.3", answers)
+    together = verdicts("12.3", answers)
     alone = [verdict(ex, answer) for answer in answers]
     assert [str(v) for v in together] == [str(v) for v in alone]
     assert [v.status for v in together] == ["right", "not yet", "not yet", "not yet", "right", "right",
@@ -175,6 +168,26 @@ def test_a_hang_in_a_batch_is_judged_alone_and_the_answers_after_it_still_run():
     """A hang stops the batch where it is (as a killed rank does, in `make test` above)."""
     ex = find("12.3")
     answers = [answer_of("12.3", s) for s in (ex.wrong[2][0], ex.wrong[3][0], ex.solution)]
-    got = nb12.verdicts("12.3", answers)
+    got = verdicts("12.3", answers)
     assert [v.status for v in got] == ["not yet", "not yet", "right"]
     assert got[1].hint.startswith(nb12.HANG_HINT) and ex.wrong[2][1] in got[0].hint
+
+
+PLANNED = [ex for ex in ALL if judged_by_plan(ex.key)]
+
+
+@pytest.mark.stress  # every answer judged alone as well, launch after launch: `make stress`
+@pytest.mark.parametrize("ex", PLANNED, ids=[ex.key for ex in PLANNED])
+def test_every_listed_answer_judged_together_gets_what_it_gets_alone(ex):
+    """make test judges the listed answers of the checks that run plans on ranks together (the also
+    right ones in test_exercises.py, the wrong ones here and in test_exercise_hints.py): each gets
+    what a learner's check, which judges it alone, gives it. Left out: the answers whose ranks hang
+    (judged alone in make test too), and 12.8's wrong ones, each of whose checks waits for slow
+    writes (40 s in all; judged together since notebook 12's checks first ran plans)."""
+    wrong = [src for i, (src, _) in enumerate(ex.wrong) if (ex.key, i) not in HANG and ex.key not in SAVING]
+    sources = [ex.solution, *ex.also_right, *wrong]
+    answers = [answer_of(ex.key, source) for source in sources]
+    together = verdicts(ex.key, answers)
+    alone = [verdict(ex, answer) for answer in answers]
+    assert [str(v) for v in together] == [str(v) for v in alone]
+    assert [v.right for v in together] == [True] * (1 + len(ex.also_right)) + [False] * len(wrong)

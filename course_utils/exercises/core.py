@@ -14,8 +14,9 @@ from .answer_cells import _execute, _unattempted
 from .evidence import calls_recorded, changed, snapshot
 from .time_limit import _Stopped, _within_limit, untimed
 
-__all__ = ["KINDS", "TIME_LIMIT_S", "Exercise", "Verdict", "bank", "calls_recorded", "changed", "check",
-           "find", "load_bank", "progress", "reference", "run_source", "snapshot", "untimed", "verdict"]
+__all__ = ["KINDS", "TIME_LIMIT_S", "Exercise", "Verdict", "answer_defined", "bank", "calls_recorded",
+           "changed", "check", "find", "load_bank", "progress", "reference", "run_source", "snapshot",
+           "untimed", "verdict"]
 
 #: predict: write a number or shape down before running; fix: repair a cell broken on purpose;
 #: implement: write a small piece of the lesson.
@@ -281,12 +282,16 @@ def run_source(key: str, src: str) -> Verdict:
     The tests use it to prove every reference solution right and every listed wrong answer
     flagged with its hint; the solutions edition relies on it.
     """
-    ex = find(key)
+    return verdict(key, answer_defined(find(key), src))
+
+
+def answer_defined(ex: Exercise, src: str) -> Any:
+    """What an answer cell's source ``src`` defines as the answer of ``ex``, run after its context."""
     if not isinstance(src, str):
         raise TypeError(f"src must be an answer cell's source (str), got {type(src).__name__}")
     namespace = _execute(ex, src, "answer")
     if ex.answer not in namespace:
-        raise ValueError(f"this source does not define {ex.answer!r}, the answer of exercise {key}")
-    return verdict(key, namespace[ex.answer])
+        raise ValueError(f"this source does not define {ex.answer!r}, the answer of exercise {ex.key}")
+    return namespace[ex.answer]
 
 

@@ -8,7 +8,8 @@ import torch
 
 from .answers import reals, whole
 from .core import load_bank, untimed
-from .on_ranks import run_on_ranks
+from .on_ranks import Plan
+from .together import by_plan
 
 __all__ = ["CASES", "EXERCISES"]
 
@@ -204,19 +205,22 @@ def two_heads_rank(rank: int, world_size: int, answer: Any) -> dict:
             sum(n for kind, n in recorded if kind == "all_reduce")}
 
 
-def _judge_two_heads(answer: Any) -> str | None:
+def _two_heads_plan(answer: Any) -> Plan:
     for world_size in TWO_HEADS_WORLDS:
-        hint = _two_heads_case(answer, world_size)
+        hint = _two_heads_case(world_size, *(yield (two_heads_rank, world_size, answer)))
         if hint is not None:
             return hint
     return None
 
 
-def _two_heads_case(answer: Any, world_size: int) -> str | None:
+_judge_two_heads = by_plan(_two_heads_plan, "the ranks hung and were stopped: one rank waits in a collective "
+                                            "the other never calls; both must build and train the model "
+                                            "the same way")
+
+
+def _two_heads_case(world_size: int, results: list | None, hint: str | None) -> str | None:
+    """05.4's hint for what ``world_size`` ranks returned (``results``), or for their hang or error."""
     from ..ddp.demos import TwoHeads
-    results, hint = run_on_ranks(two_heads_rank, world_size, answer, hang_hint=(
-        "the ranks hung and were stopped: one rank waits in a collective the other never calls; "
-        "both must build and train the model the same way"))
     if hint is not None and "finished reduction" in hint:
         return ("DDP still waits for a gradient of every parameter, and forward never uses "
                 "unused_head: either tell DDP, when you wrap the model, to look for the parameters "

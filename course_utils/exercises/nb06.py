@@ -1,6 +1,6 @@
 """Judges of the exercises of notebook 06 (DDP by hand); their content is in nb06.toml.
 
-06.1 and 06.2 run the answer on real gloo ranks (2, 3 and 4) through ``run_on_ranks``, with the
+06.1 and 06.2 run the answer on real gloo ranks (2, 3 and 4) by a plan (``together.by_plan``), with the
 rank side in ``nb06_ranks``. What ran is counted where every collective ends, in the methods of the
 rank's ``ProcessGroup`` (``all_reduces.all_reduces_watched``), whatever name the answer called it
 by, and so is every way of waiting for the handles those all-reduces returned (``wait()``, a wait
@@ -17,7 +17,8 @@ from typing import Any
 from .answers import reals, whole
 from .core import load_bank, untimed
 from .nb06_ranks import HOOK_STEPS, average_rank, hooks_rank
-from .on_ranks import hint_from_ranks
+from .on_ranks import Plan
+from .together import by_plan, first_hint
 
 __all__ = ["CASES", "EXERCISES"]
 
@@ -135,22 +136,23 @@ def _judge_bucket_count(answer: Any) -> str | None:
 
 # ---------------------------------------------------------------- 06.1 and 06.2 on every world size
 
-def _on_every_world_size(rank_fn: Any, answer: Any) -> str | None:
-    """The first hint ``rank_fn`` gives on ``answer``, trying each of ``WORLDS`` in turn."""
-    for world_size in WORLDS:
-        hint = hint_from_ranks(rank_fn, world_size, answer, hang_hint=(
-            "the ranks hung: every rank must all-reduce the same gradients, in the same order"))
-        if hint is not None:
-            return hint
-    return None
+#: the hint when 06.1's or 06.2's ranks hang
+HANG_HINT = "the ranks hung: every rank must all-reduce the same gradients, in the same order"
 
 
-def _judge_average_gradients(answer: Any) -> str | None:
-    return _on_every_world_size(average_rank, answer)
+def _on_every_world_size(rank_fn: Any) -> Any:
+    """The plan that runs ``rank_fn`` on the answer on each of ``WORLDS`` in turn, to the first hint."""
+    def plan(answer: Any) -> Plan:
+        for world_size in WORLDS:
+            hint = first_hint(*(yield (rank_fn, world_size, answer)))
+            if hint is not None:
+                return hint
+        return None
+    return plan
 
 
-def _judge_hooks(answer: Any) -> str | None:
-    return _on_every_world_size(hooks_rank, answer)
+_judge_average_gradients = by_plan(_on_every_world_size(average_rank), HANG_HINT)
+_judge_hooks = by_plan(_on_every_world_size(hooks_rank), HANG_HINT)
 
 
 EXERCISES = load_bank(__name__)

@@ -6,8 +6,8 @@ on the global batch. 07.2 runs the answer on squared norms drawn from gradients 
 covariance, on several world sizes and per-rank batches, beside the look-alikes the lesson is
 about, and requires every draw's three values to be the unbiased estimates (of the estimates
 linear in the two squared norms, only one of each is unbiased) and their ratio. 07.3 runs the
-answer on real gloo ranks (2 and 3, several numbers of micro-batches in each launch) through
-``run_on_ranks``, with the rank side in ``nb07_ranks``, compares the weights with one process on
+answer on real gloo ranks (2 and 3, several numbers of micro-batches in each launch) by a plan
+(``together.by_plan``), with the rank side in ``nb07_ranks``, compares the weights with one process on
 the same global batches (what N·k ranks end with, notebook 05), and counts each step's all-reduces
 and backward passes."""
 
@@ -22,7 +22,8 @@ import torch
 from .answers import NOT_A_NUMBER, reals
 from .core import load_bank, untimed
 from .nb07_ranks import accumulation_answer_rank, reference_weights
-from .on_ranks import run_on_ranks
+from .on_ranks import Plan
+from .together import by_plan
 
 __all__ = ["CASES", "EXERCISES"]
 
@@ -272,12 +273,9 @@ def _accumulation_hint(world: int, k: int, ranks: list[dict]) -> str | None:
             "(one process on the global batch)")
 
 
-def _judge_accumulation(answer: Any) -> str | None:
+def _accumulation_plan(answer: Any) -> Plan:
     for world, ks in ACCUMULATION_CASES.items():
-        hang = ("the ranks hung: every rank must run the same backward passes, with the same ones under "
-                "no_sync")
-        results, hint = run_on_ranks(accumulation_answer_rank, world, answer, ks, ACCUMULATION_ROWS,
-                                     hang_hint=hang)
+        results, hint = yield (accumulation_answer_rank, world, answer, ks, ACCUMULATION_ROWS)
         if results is None:
             return hint
         for k in ks:
@@ -285,6 +283,10 @@ def _judge_accumulation(answer: Any) -> str | None:
             if hint is not None:
                 return hint
     return None
+
+
+_judge_accumulation = by_plan(_accumulation_plan, "the ranks hung: every rank must run the same backward "
+                                                  "passes, with the same ones under no_sync")
 
 
 EXERCISES = load_bank(__name__)

@@ -5,16 +5,14 @@ busy machine is not cut off."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Any
 
 import torch
 
 from ..debugging.hangs import HANG_FRESH_S  # noqa: F401 - the notebook's allowance (tests/test_debugging.py)
-from .answer_cells import _unattempted
 from .answers import real
-from .core import Exercise, Verdict, find, load_bank, verdict
+from .core import load_bank
 from .nb12_local import (  # the judges that run no ranks
     NO_GRAD_MODELS,
     SHARD_CASES,
@@ -36,11 +34,11 @@ from .nb12_ranks import (
     saving_rank,
     seeded_weights,
 )
-from .on_ranks import Plan, run_plan, run_plans
+from .on_ranks import Plan
+from .together import by_plan
 
 __all__ = ["CASES", "EXERCISES", "HANG_HINT", "PLANS", "_judge_first_mismatch", "_judge_no_grad",
-           "_judge_ratio", "_judge_shards", "_judge_start_methods", "_judge_still_differ", "_judge_store",
-           "verdicts"]
+           "_judge_ratio", "_judge_shards", "_judge_start_methods", "_judge_still_differ", "_judge_store"]
 
 #: The configurations each judge tries (CASES describes them, from the same lists).
 #: 12.1: world sizes, each with the classifier's right rows (None: the notebook's; else drawn)
@@ -236,34 +234,11 @@ def _saved_hint(delay: float, results: list[dict]) -> str | None:
     return None
 
 
-def _on_ranks(plan_of: Any) -> Any:
-    """The judge that runs ``plan_of(answer)``, each launch on ranks of its own."""
-    def judge(answer: Any) -> str | None:
-        return run_plan(plan_of(answer), HANG_HINT)
-    return judge
-
-
-#: the exercises judged on ranks, by their plans: :func:`verdicts` judges many answers at once
+#: the exercises judged on ranks, by their plans (``together.verdicts`` judges many answers at once)
 PLANS = {"12.1": _evaluation_plan, "12.3": _order_plan, "12.4": _join_plan, "12.5": _accumulation_plan,
          "12.8": _saving_plan}
-_judge_evaluation, _judge_order, _judge_join, _judge_accumulation, _judge_save_and_load = map(
-    _on_ranks, PLANS.values())
-
-
-def verdicts(key: str, answers: list) -> list[Verdict]:
-    """What :func:`~course_utils.exercises.verdict` says of each answer to rank exercise ``key``,
-    judged in few launches (:func:`~.on_ranks.run_plans`): the tests judge listed answers so."""
-    ex = find(key)
-    judged = [callable(a) and not _unattempted(ex, a) for a in answers]
-    outcomes = iter(run_plans([PLANS[key](a) for a, j in zip(answers, judged, strict=True) if j], HANG_HINT))
-
-    def replay(outcome: Any) -> Exercise:
-        def judge(answer: Any) -> str | None:
-            if isinstance(outcome, BaseException):
-                raise outcome
-            return outcome
-        return dataclasses.replace(ex, judge=judge)
-    return [verdict(replay(next(outcomes)) if j else ex, a) for a, j in zip(answers, judged, strict=True)]
+_judge_evaluation, _judge_order, _judge_join, _judge_accumulation, _judge_save_and_load = (
+    by_plan(plan_of, HANG_HINT) for plan_of in PLANS.values())
 
 
 CASES: dict[str, list[str]] = {
