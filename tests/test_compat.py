@@ -12,6 +12,7 @@ import torch.distributed as dist
 from course_utils import compat
 from course_utils.distributed import launch
 from course_utils.exercises import run_source
+from course_utils.exercises.together import run_sources
 
 
 def _as_before_2_13() -> None:
@@ -77,9 +78,9 @@ def test_exercise_08_2_accepts_either_release_names_and_compat():
              ("dist.reduce_scatter_tensor", "dist.all_gather_into_tensor")]  # every release has these
     if NEW_NAMES:
         names.append(("dist.reduce_scatter_single", "dist.all_gather_single"))
-    for reduce_scatter, all_gather in names:
-        source = _STEP.format(prelude="pass", reduce_scatter=reduce_scatter, all_gather=all_gather)
-        result = run_source("10.2", source)
+    sources = [_STEP.format(prelude="pass", reduce_scatter=reduce_scatter, all_gather=all_gather)
+               for reduce_scatter, all_gather in names]
+    for (reduce_scatter, _), result in zip(names, run_sources("10.2", sources), strict=True):  # together
         assert result.right, (reduce_scatter, str(result))
 
 
