@@ -72,9 +72,17 @@ LONGEST_FIRST = ("tests/test_distributed.py", "tests/test_exercise_hints_nb12_ha
                  "tests/test_lab.py", "tests/test_mesh.py")
 
 
+#: The scopes run last. make stress (one pytest: each test after the one before) runs every notebook
+#: in a pytest of its own on every core (tests/test_fresh_starts.py); its other tests use about one
+#: core and a half. CI runs make stress beside make compat-all and make book-check, which end first:
+#: the notebooks' pass comes last, to keep both cores busy once make stress runs alone.
+LAST = ("tests/test_fresh_starts.py",)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Collected scopes in the order of LONGEST_FIRST, then the rest as collected (make test runs
-    with --no-loadscope-reorder, so xdist hands them out in this order)."""
+    """Collected scopes in the order of LONGEST_FIRST, then the rest as collected, then LAST (make
+    test runs with --no-loadscope-reorder, so xdist hands them out in this order)."""
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    rank.update({path: len(LONGEST_FIRST) + 1 + i for i, path in enumerate(LAST)})
     # a stable sort: the cells of a notebook, and the tests of a module, stay in their order
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(LONGEST_FIRST)))

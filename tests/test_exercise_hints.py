@@ -23,7 +23,7 @@ from course_utils.exercises.together import judged_by_plan, verdicts
 
 ALL = bank("all")
 #: notebook 12's checks run ranks, several launches an answer: their answers are judged in
-#: tests/test_exercise_hints_nb11.py, a module of its own, so that pytest-xdist can run them on
+#: tests/test_exercise_hints_nb12.py, a module of its own, so that pytest-xdist can run them on
 #: another worker than the rest (each module stays on one worker)
 ON_A_WORKER_OF_THEIR_OWN = "12"
 HERE = [ex for ex in ALL if ex.notebook != ON_A_WORKER_OF_THEIR_OWN]

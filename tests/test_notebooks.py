@@ -130,3 +130,11 @@ def test_the_sanitizer_masks_what_varies_and_nothing_a_lesson_is_about():
     assert "last loss 0.0028" in _sanitized(plain)  # the lesson's value stays compared
     assert _sanitized("step took 12.5 ms") == _sanitized("step took 3 ms") == "step took <DURATION>"
     assert _sanitized("3 of 4 ranks agree") == "3 of 4 ranks agree"
+
+
+def test_the_scopes_handed_out_first_and_last_exist():
+    """tests/conftest.py orders the scopes by path: a path that names nothing orders nothing."""
+    from conftest import LAST, LONGEST_FIRST
+
+    assert len(set(LONGEST_FIRST + LAST)) == len(LONGEST_FIRST + LAST)
+    assert [path for path in LONGEST_FIRST + LAST if not (ROOT / path).is_file()] == []
