@@ -17,8 +17,7 @@ from typing import Any
 from .answers import reals, whole
 from .core import load_bank, untimed
 from .nb06_ranks import HOOK_STEPS, average_rank, hooks_rank
-from .on_ranks import Plan
-from .together import by_plan, first_hint
+from .together import by_plan, case_by_case
 
 __all__ = ["CASES", "EXERCISES"]
 
@@ -139,20 +138,8 @@ def _judge_bucket_count(answer: Any) -> str | None:
 #: the hint when 06.1's or 06.2's ranks hang
 HANG_HINT = "the ranks hung: every rank must all-reduce the same gradients, in the same order"
 
-
-def _on_every_world_size(rank_fn: Any) -> Any:
-    """The plan that runs ``rank_fn`` on the answer on each of ``WORLDS`` in turn, to the first hint."""
-    def plan(answer: Any) -> Plan:
-        for world_size in WORLDS:
-            hint = first_hint(*(yield (rank_fn, world_size, answer)))
-            if hint is not None:
-                return hint
-        return None
-    return plan
-
-
-_judge_average_gradients = by_plan(_on_every_world_size(average_rank), HANG_HINT)
-_judge_hooks = by_plan(_on_every_world_size(hooks_rank), HANG_HINT)
+_judge_average_gradients = by_plan(case_by_case(average_rank, [(n,) for n in WORLDS]), HANG_HINT)
+_judge_hooks = by_plan(case_by_case(hooks_rank, [(n,) for n in WORLDS]), HANG_HINT)
 
 
 EXERCISES = load_bank(__name__)

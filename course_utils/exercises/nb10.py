@@ -13,8 +13,7 @@ from .core import load_bank
 from .nb10_between import CLUSTERS as _CLUSTERS
 from .nb10_between import hsdp_between as _hsdp_between  # noqa: F401 - the reference, for the tests
 from .nb10_between import judge_between_nodes as _judge_between_nodes  # noqa: F401 - 10.4's judge
-from .on_ranks import Plan
-from .together import by_plan, first_hint
+from .together import by_plan, case_by_case
 
 __all__ = ["CASES", "EXERCISES"]
 
@@ -156,16 +155,8 @@ def zero1_step_rank(rank: int, world_size: int, answer: Any, size: int, seed: in
     return None
 
 
-def _zero1_step_plan(answer: Any) -> Plan:
-    for world_size, size, seed in ZERO1_CASES:
-        hint = first_hint(*(yield (zero1_step_rank, world_size, answer, size, seed)))
-        if hint is not None:
-            return hint
-    return None
-
-
-_judge_zero1_step = by_plan(_zero1_step_plan, "the ranks hung: every rank must call the same collectives, "
-                                              "in the same order")
+_judge_zero1_step = by_plan(case_by_case(zero1_step_rank, ZERO1_CASES),
+                            "the ranks hung: every rank must call the same collectives, in the same order")
 
 
 def clip_rank(rank: int, world_size: int, answer: Any) -> str | None:
@@ -207,15 +198,8 @@ def clip_rank(rank: int, world_size: int, answer: Any) -> str | None:
     return None
 
 
-def _clip_plan(answer: Any) -> Plan:
-    for world_size in CLIP_WORLDS:
-        hint = first_hint(*(yield (clip_rank, world_size, answer)))
-        if hint is not None:
-            return hint
-    return None
-
-
-_judge_clip = by_plan(_clip_plan, "the ranks hung: every rank must take part in the same all-reduce")
+_judge_clip = by_plan(case_by_case(clip_rank, [(n,) for n in CLIP_WORLDS]),
+                      "the ranks hung: every rank must take part in the same all-reduce")
 
 
 CASES["10.4"] = [f"Ψ = {psi:g} parameters, {nodes} node(s) of {gpus} GPUs" for psi, nodes, gpus in _CLUSTERS]

@@ -20,7 +20,7 @@ from .answer_cells import _unattempted
 from .core import Exercise, Verdict, answer_defined, find, run_source, verdict
 from .on_ranks import Plan, run_plan, run_plans
 
-__all__ = ["by_plan", "first_hint", "judged_by_plan", "run_sources", "verdicts"]
+__all__ = ["by_plan", "case_by_case", "first_hint", "judged_by_plan", "run_sources", "verdicts"]
 
 
 def by_plan(plan_of: Callable[[Any], Plan], hang_hint: str) -> Callable[[Any], str | None]:
@@ -37,6 +37,19 @@ def first_hint(results: list | None, hint: str | None) -> str | None:
     """What a launch of rank functions that each return a hint (None when satisfied) says: the
     hang or error hint, else the first rank's hint (as :func:`.on_ranks.hint_from_ranks`)."""
     return hint if results is None else next((h for h in results if h is not None), None)
+
+
+def case_by_case(rank_fn: Callable[..., str | None], cases: list[tuple]) -> Callable[[Any], Plan]:
+    """The plan of a check whose ``rank_fn`` returns each rank's hint: for each case
+    ``(world_size, *args)`` in turn, ``rank_fn(rank, world_size, answer, *args)`` on that many ranks,
+    up to the first hint (:func:`first_hint`)."""
+    def plan(answer: Any) -> Plan:
+        for world_size, *args in cases:
+            hint = first_hint(*(yield (rank_fn, world_size, answer, *args)))
+            if hint is not None:
+                return hint
+        return None
+    return plan
 
 
 def judged_by_plan(key: str) -> bool:
