@@ -42,7 +42,7 @@ def returns_none(*args, **kwargs):  # the probe of _hints: a function that retur
 def judged_together(key: str) -> dict:
     """The verdicts of the listed wrong answers of ``key`` (by source) and of ``returns_none`` (under
     None), judged together: its check runs a plan on ranks (one launch per world size, one answer
-    after another, each as it would be judged alone; make stress compares the two)."""
+    after another, each as it would be judged alone; make stress judges each alone too)."""
     sources = [src for src, _ in find(key).wrong]
     return dict(zip([*sources, None], verdicts(key, [*map(functools.partial(answer_of, key), sources),
                                                       returns_none]), strict=True))

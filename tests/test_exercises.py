@@ -40,7 +40,7 @@ def test_the_starter_reads_not_attempted_and_fails_nothing(ex):
 @pytest.mark.parametrize("ex", ALL, ids=IDS)
 def test_every_also_right_answer_is_right(ex):
     """Judged together where the check runs a plan on ranks (one launch per world size), as each
-    would be judged alone (make stress compares the two)."""
+    would be judged alone (make stress judges each alone too)."""
     for source, result in zip(ex.also_right, run_sources(ex.key, list(ex.also_right)), strict=True):
         assert result.status == "right", (source, str(result))
 
