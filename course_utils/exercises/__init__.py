@@ -34,7 +34,7 @@ from .core import (
     untimed,
     verdict,
 )
-from .on_ranks import hint_from_ranks, run_on_ranks
+from .on_ranks import run_on_ranks
 
-__all__ = ["KINDS", "TIME_LIMIT_S", "Exercise", "Verdict", "bank", "check", "find", "hint_from_ranks",
-           "load_bank", "progress", "run_on_ranks", "run_source", "untimed", "verdict"]
+__all__ = ["KINDS", "TIME_LIMIT_S", "Exercise", "Verdict", "bank", "check", "find", "load_bank", "progress",
+           "run_on_ranks", "run_source", "untimed", "verdict"]

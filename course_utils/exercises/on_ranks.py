@@ -13,7 +13,7 @@ from typing import Any
 from .time_limit import untimed
 
 __all__ = ["RANKS_LIMIT_S", "RUNAWAY_HINT", "TIMEOUT_HINT", "Plan", "collectives_called",
-           "collectives_recorded", "hint_from_ranks", "reductions_recorded", "run_on_ranks", "run_plan",
+           "collectives_recorded", "reductions_recorded", "run_on_ranks", "run_plan",
            "run_plans", "sent_per_rank"]
 
 #: the wall-clock limit of a check's launch, a last resort (hangs and runaways are caught sooner)
@@ -48,14 +48,6 @@ def run_on_ranks(rank_fn: Callable[..., Any], world_size: int, *args: Any, hang_
     except RankError as err:
         first = (err.message.strip().splitlines() or [""])[0]
         return None, f"rank {err.rank} raised {err.exc_type}: {first}"
-
-
-def hint_from_ranks(rank_fn: Callable[..., str | None], world_size: int, *args: Any,
-                    hang_hint: str, timeout_s: float = RANKS_LIMIT_S) -> str | None:
-    """Judge on real ranks with :func:`run_on_ranks`, where ``rank_fn`` returns each rank's hint
-    (None when satisfied): the first hint, or the hang or error hint."""
-    results, hint = run_on_ranks(rank_fn, world_size, *args, hang_hint=hang_hint, timeout_s=timeout_s)
-    return hint if results is None else next((h for h in results if h is not None), None)
 
 
 # ------------------------------------------------ many answers of one judge, in few launches

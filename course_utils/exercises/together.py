@@ -35,7 +35,7 @@ def by_plan(plan_of: Callable[[Any], Plan], hang_hint: str) -> Callable[[Any], s
 
 def first_hint(results: list | None, hint: str | None) -> str | None:
     """What a launch of rank functions that each return a hint (None when satisfied) says: the
-    hang or error hint, else the first rank's hint (as :func:`.on_ranks.hint_from_ranks`)."""
+    hang or error hint, else the first hint a rank returned."""
     return hint if results is None else next((h for h in results if h is not None), None)
 
 
