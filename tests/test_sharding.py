@@ -37,10 +37,13 @@ def test_every_stage_equals_ddp_and_one_process(world_size, single):
 
 
 def _api_rank_with_peaks_seen(rank, world_size, *args):
-    """api_rank, with cuda_peak replaced by a stand-in that notes the blocks it measures."""
+    """api_rank, with cuda_peak replaced by a stand-in that notes the blocks it measures, and
+    fully_shard by one that notes the device type of the mesh it is given (None: no mesh)."""
     import contextlib
 
-    blocks = []
+    import torch.distributed.fsdp as fsdp
+
+    blocks, meshes, fully_shard = [], [], fsdp.fully_shard
 
     @contextlib.contextmanager
     def noting(device, peaks, name):
@@ -48,15 +51,23 @@ def _api_rank_with_peaks_seen(rank, world_size, *args):
         yield
         peaks[name] = len(blocks)
 
-    runs.cuda_peak = noting
-    return runs.api_rank(rank, world_size, *args), blocks
+    def sharding(module, *, mesh=None, **options):
+        meshes.append(None if mesh is None else mesh.device_type)
+        return fully_shard(module, mesh=mesh, **options)
+
+    runs.cuda_peak, fsdp.fully_shard = noting, sharding
+    return runs.api_rank(rank, world_size, *args), blocks, meshes
 
 
 def test_api_runs_equal_one_process_and_a_checkpoint_reshards_bitwise(tmp_path, single):
     path = str(tmp_path / "ckpt")
-    saved, blocks = zip(*launch(_api_rank_with_peaks_seen, 2, 3, 12, 1e-2, path, echo=False), strict=True)
+    saved, blocks, meshes = zip(*launch(_api_rank_with_peaks_seen, 2, 3, 12, 1e-2, path, echo=False),
+                                strict=True)
     # each run's GPU peak is measured over that run alone (cuda_peak resets, see below)
     assert blocks[0] == ["zero_redundancy", "fsdp", "fsdp_kept", "bf16"]
+    # every fully_shard is given a mesh on the rank's device (the CPU under gloo): fully_shard's own
+    # default mesh would be on the machine's GPU, where a gloo job's rank 1 asks for cuda:1
+    assert meshes[0] == meshes[1] == ["cpu"] * 12  # three runs, four fully_shard calls each
     assert saved[0]["cuda_peak_bytes"] == {"zero_redundancy": 1, "fsdp": 2, "fsdp_kept": 3, "bf16": 4}
     psi = sum(p.numel() for p in single)  # 1732: every layer splits evenly over 2 ranks
     for out in saved:

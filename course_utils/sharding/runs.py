@@ -23,19 +23,8 @@ from torch import nn
 from ..models import seeded
 from .zero import CommLog, ZeroByHand
 
-__all__ = [
-    "api_rank",
-    "cuda_peak",
-    "dcp_load_rank",
-    "fsdp_model",
-    "logged_collectives",
-    "model_state_bytes",
-    "shard_layers",
-    "toy_batches",
-    "toy_model",
-    "train_single",
-    "zero_by_hand_rank",
-]
+__all__ = ["api_rank", "cuda_peak", "dcp_load_rank", "fsdp_model", "logged_collectives", "model_state_bytes",
+           "shard_layers", "toy_batches", "toy_model", "train_single", "zero_by_hand_rank"]
 
 
 #: the collectives whose traffic logged_collectives counts (the flat ones under either release's
@@ -156,13 +145,21 @@ def zero_by_hand_rank(rank: int, world_size: int, stages: Sequence[int] = (0, 1,
 def shard_layers(model: nn.Module, *, mixed_precision: bool = False,
                  reshard_after_forward: bool | int | None = None, mesh: Any = None) -> nn.Module:
     """FSDP2: ``fully_shard`` on each ``nn.Linear`` of ``model`` (one unit each), then on the root;
-    over all ranks, or over ``mesh`` (a 2-D ``DeviceMesh``: HSDP, :mod:`course_utils.sharding.mesh`).
+    over all ranks (a 1-D mesh on this rank's device type), or over ``mesh`` (a 2-D ``DeviceMesh``:
+    HSDP, :mod:`course_utils.sharding.mesh`).
 
     ``reshard_after_forward``: ``fully_shard``'s default, ``None``, frees each layer's gathered parameters
     after its forward but keeps the root's (none here); ``False`` keeps every layer's until backward; an
     int H keeps them sharded over H ranks (a node's), where the backward all-gather then runs."""
+    from torch.distributed import get_world_size
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from ..devices import rank_device
+
+    # fully_shard's default mesh is on the machine's accelerator, whatever the backend: on a GPU machine
+    # a gloo job's rank 1 would ask for cuda:1 (LOCAL_RANK) and fail, on one GPU (seen on an H100)
+    mesh = init_device_mesh(rank_device().type, (get_world_size(),)) if mesh is None else mesh
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if mixed_precision else MixedPrecisionPolicy()
     for layer in model.modules():
