@@ -10,7 +10,10 @@ release it is on.
   ``all_gather_into_tensor``, names that 2.13 still accepts with a ``FutureWarning``.
 - ``dump_flight_recorder``: this process's Flight Recorder buffer (notebook 12). Torch 2.13 dumps
   it with ``torch._C._distributed_c10d._dump_fr_trace`` only; 2.11 has that name and the older
-  ``_dump_nccl_trace``. Both releases record gloo's collectives as well as NCCL's (measured).
+  ``_dump_nccl_trace``. On a CPU build both record gloo's collectives (measured). A CUDA build
+  keeps NCCL's apart: with torch 2.11+cu130 on an H100, a one-rank NCCL group's all-reduce was in
+  ``_dump_nccl_trace``'s buffer and not in ``_dump_fr_trace``'s (measured), so under NCCL the
+  dump asks ``_dump_nccl_trace`` first.
 - ``analyzer_reads_gloo``: torch's Flight Recorder analyzer (``torch.distributed.flight_recorder``)
   reads gloo's entries in 2.13; 2.11's stops at them ("gloo != 'nccl' or 'xccl'").
 
@@ -80,10 +83,15 @@ def queue_backward_callback(fn: Any) -> None:
     Variable._execution_engine.queue_callback(fn)
 
 
-def flight_recorder_dump_name() -> str | None:
-    """The name of this torch's function that dumps the Flight Recorder, or ``None`` (notebook 12)."""
+def flight_recorder_dump_name(backend: str | None = None) -> str | None:
+    """The name of this torch's function that dumps the Flight Recorder, or ``None`` (notebook 12).
+
+    Under NCCL (``backend="nccl"``), ``_dump_nccl_trace`` where the release has it: a CUDA build
+    keeps NCCL's collectives in a buffer of their own, apart from gloo's (see the module's text).
+    """
     c10d = getattr(torch._C, "_distributed_c10d", None)  # absent from builds without distributed
-    return next((name for name in FLIGHT_RECORDER_DUMPS if hasattr(c10d, name)), None)
+    names = ("_dump_nccl_trace", *FLIGHT_RECORDER_DUMPS) if backend == "nccl" else FLIGHT_RECORDER_DUMPS
+    return next((name for name in names if hasattr(c10d, name)), None)
 
 
 def dump_flight_recorder(*, collectives: bool = True, stacks: bool = True) -> dict | None:
@@ -91,9 +99,11 @@ def dump_flight_recorder(*, collectives: bool = True, stacks: bool = True) -> di
 
     The buffer keeps the last ``TORCH_FR_BUFFER_SIZE`` collectives (2000 by default), each with its
     group, sequence number, operation, sizes, dtypes, state and (with ``stacks``) Python stack,
-    and ``pg_status``: per group, the last collective enqueued and the last completed.
+    and ``pg_status``: per group, the last collective enqueued and the last completed. The buffer
+    is the one of the default group's backend (:func:`flight_recorder_dump_name`).
     """
-    name = flight_recorder_dump_name()
+    backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
+    name = flight_recorder_dump_name(backend)
     if name is None:
         return None
     dump = getattr(torch._C._distributed_c10d, name)

@@ -150,6 +150,26 @@ def test_the_flight_recorder_is_dumped_under_whichever_name_the_release_has():
         assert ops == ["gloo:all_reduce"]  # gloo's collectives are recorded
 
 
+def test_under_nccl_the_dump_reads_nccls_own_buffer(monkeypatch):
+    """A CUDA build keeps NCCL's collectives apart from gloo's (measured on an H100): under NCCL the
+    dump asks _dump_nccl_trace first; under gloo, or outside a group, the release's usual function."""
+    import pickle
+
+    import torch._C._distributed_c10d as c10d
+
+    for name, entries in (("_dump_nccl_trace", ["nccl's"]), ("_dump_fr_trace", ["gloo's"])):
+        monkeypatch.setattr(c10d, name, lambda entries=entries, **_: pickle.dumps({"entries": entries}),
+                            raising=False)
+    assert compat.flight_recorder_dump_name("nccl") == "_dump_nccl_trace"
+    assert compat.flight_recorder_dump_name("gloo") == compat.flight_recorder_dump_name() == "_dump_fr_trace"
+    assert compat.dump_flight_recorder()["entries"] == ["gloo's"]  # outside a process group
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    assert compat.dump_flight_recorder()["entries"] == ["nccl's"]
+    monkeypatch.delattr(c10d, "_dump_nccl_trace")
+    assert compat.dump_flight_recorder()["entries"] == ["gloo's"]  # a release with one function
+
+
 def test_without_a_dump_function_there_is_no_dump(monkeypatch):
     import torch._C._distributed_c10d as c10d
 
