@@ -190,12 +190,16 @@ def test_run_notebook_executes_in_memory_in_the_notebooks_folder(tmp_path):
     (tmp_path / "data.txt").write_text("beside the notebook")
     good = notebook(tmp_path / "good.ipynb", "text = open('data.txt').read()",
                     "assert text == 'beside the notebook', text")
-    bad = notebook(tmp_path / "bad.ipynb", "x = 1", "raise ValueError('broken here\\nand more')", "y = 2")
+    bad = notebook(tmp_path / "bad.ipynb", "x = 1", "y = 2\nraise ValueError('broken here\\nand more')",
+                   "z = 3")
     stored = good.read_bytes(), bad.read_bytes()
     passed = run_notebook(good, 120)
     assert (passed.name, passed.passed, passed.error) == ("good.ipynb", True, "")
     failed = run_notebook(bad, 120)
-    assert (failed.name, failed.passed, failed.error) == ("bad.ipynb", False, "ValueError: broken here")
+    assert (failed.name, failed.passed) == ("bad.ipynb", False)
+    # the first line of the error, then where it was raised: the cell (counted as nbval counts) and line
+    where = "(cell 1, line 2: raise ValueError('broken here\\nand more'))"
+    assert failed.error == f"ValueError: broken here {where}"
     assert (good.read_bytes(), bad.read_bytes()) == stored  # nothing written back
 
 

@@ -170,13 +170,32 @@ def first_line(text: str) -> str:
     return next((line.strip() for line in str(text).splitlines() if line.strip()), "")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _where_it_failed(nb: Any) -> str:
+    """`` (cell N, line K: the line)`` for the first cell whose outputs hold an error: N counts every
+    cell from 0, as nbval's "Cell N" does, and K is the cell's line that the traceback points at."""
+    for index, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if out.get("output_type") != "error":
+                continue
+            traceback = _ANSI.sub("", "\n".join(out.get("traceback", [])))
+            frame = re.search(r"Cell In\[\d+\], line (\d+)", traceback)
+            lines = cell.source.splitlines()
+            if frame and 0 < int(frame[1]) <= len(lines):
+                return f" (cell {index}, line {frame[1]}: {lines[int(frame[1]) - 1].strip()[:100]})"
+            return f" (cell {index})"
+    return ""
+
+
 def run_in_memory(nb: Any, folder: str | Path, timeout_s: float) -> tuple[str, float]:
     """Execute the notebook ``nb`` top to bottom, its kernel started in ``folder``, within ``timeout_s``.
 
     The outputs land in ``nb`` (nothing is written to disk). Returns ``(error, seconds)``, where
     ``error`` is "" when every cell ran, else the first line of what went wrong (a cell's
-    exception, a dead kernel, or the whole notebook's time running out). Used by ``make gpu-check``
-    and ``make compat``.
+    exception, followed by where: the cell and its line; a dead kernel; or the whole notebook's
+    time running out). Used by ``make gpu-check`` and ``make compat``.
     """
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -199,7 +218,7 @@ def run_in_memory(nb: Any, folder: str | Path, timeout_s: float) -> tuple[str, f
     try:
         asyncio.run(execute())
     except CellExecutionError as err:
-        error = f"{err.ename}: {first_line(err.evalue)}"
+        error = f"{err.ename}: {first_line(err.evalue)}{_where_it_failed(nb)}"
     except TimeoutError:
         error = f"Timeout: did not finish within {timeout_s:g} s"
     except Exception as err:  # a dead kernel, a kernel that cannot start: the notebook failed
