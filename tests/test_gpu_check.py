@@ -180,7 +180,9 @@ def test_bad_arguments_are_clear_errors(call, error, message):
 
 
 def notebook(path: Path, *sources: str) -> Path:
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    """A notebook of these code cells; a source that starts with "# " is a markdown cell."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(s) if s.startswith("# ") else
+                                         nbformat.v4.new_code_cell(s) for s in sources])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, path)
     return path
@@ -190,14 +192,15 @@ def test_run_notebook_executes_in_memory_in_the_notebooks_folder(tmp_path):
     (tmp_path / "data.txt").write_text("beside the notebook")
     good = notebook(tmp_path / "good.ipynb", "text = open('data.txt').read()",
                     "assert text == 'beside the notebook', text")
-    bad = notebook(tmp_path / "bad.ipynb", "x = 1", "y = 2\nraise ValueError('broken here\\nand more')",
-                   "z = 3")
+    bad = notebook(tmp_path / "bad.ipynb", "# A title", "x = 1",
+                   "y = 2\nraise ValueError('broken here\\nand more')", "z = 3")
     stored = good.read_bytes(), bad.read_bytes()
     passed = run_notebook(good, 120)
     assert (passed.name, passed.passed, passed.error) == ("good.ipynb", True, "")
     failed = run_notebook(bad, 120)
     assert (failed.name, failed.passed) == ("bad.ipynb", False)
-    # the first line of the error, then where it was raised: the cell (counted as nbval counts) and line
+    # the first line of the error, then where: the code cell, counted from 0 as nbval names them
+    # ("Cell 1": the markdown cell is not counted), and the line
     where = "(cell 1, line 2: raise ValueError('broken here\\nand more'))"
     assert failed.error == f"ValueError: broken here {where}"
     assert (good.read_bytes(), bad.read_bytes()) == stored  # nothing written back

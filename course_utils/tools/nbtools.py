@@ -174,10 +174,10 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _where_it_failed(nb: Any) -> str:
-    """`` (cell N, line K: the line)`` for the first cell whose outputs hold an error: N counts every
-    cell from 0, as nbval's "Cell N" does, and K is the cell's line that the traceback points at."""
-    for index, cell in enumerate(nb.cells):
-        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+    """`` (cell N, line K: the line)`` for the first cell whose outputs hold an error: N counts the
+    code cells from 0, as nbval names them ("Cell N"), and K is the line the traceback points at."""
+    for index, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        for out in cell.get("outputs", []):
             if out.get("output_type") != "error":
                 continue
             traceback = _ANSI.sub("", "\n".join(out.get("traceback", [])))
