@@ -93,8 +93,10 @@ solutions: $(STAMP) ## Generate the solutions edition in solutions/ from course_
 bench: $(STAMP) ## Print the performance figures (DDP scaling, ring vs gloo, launch vs torchrun, DP overhead)
 	$(BIN)/python -m course_utils.tools.bench
 
+# GPU_CHECK_JOBS: notebooks at a time, beside the gpu tests (1: one after the other).
+GPU_CHECK_JOBS ?= 1
 gpu-check: $(STAMP) ## On a GPU machine: the gpu tests and every notebook on the GPUs; writes gpu-check-report.md
-	$(BIN)/python -m course_utils.tools.gpu_check
+	$(BIN)/python -m course_utils.tools.gpu_check --jobs $(GPU_CHECK_JOBS)
 
 # Colab's torch by default; `make compat TORCH=2.13.0` checks another release. No stamp: the
 # environment in .compat/ is reused, and the course is reinstalled from this checkout every time.

@@ -233,3 +233,36 @@ def test_main_runs_the_tests_and_the_notebooks_and_writes_the_report(tmp_path, m
     monkeypatch.setattr(gpu_check, "run_gpu_tests", lambda root, timeout_s: TESTS)
     assert gpu_check.main(["--out", str(out)]) == 1
     assert "**Verdict: FAIL**" in out.read_text()
+
+
+def test_jobs_run_the_notebooks_at_once_beside_the_tests_and_report_them_in_order(tmp_path, monkeypatch):
+    """--jobs 3: the tests and three notebooks start before any of them ends; the report keeps the
+    notebooks' order and each one's result."""
+    import threading
+
+    (tmp_path / "notebooks").mkdir()
+    for name in ("02_c.ipynb", "00_a.ipynb", "01_b.ipynb"):
+        (tmp_path / "notebooks" / name).write_text("{}")
+    monkeypatch.setattr(gpu_check, "ROOT", tmp_path)
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(gpu_check, "environment", lambda: ENV)
+    together = threading.Barrier(4, timeout=30)  # one after the other, this would raise BrokenBarrierError
+
+    def tests(root, timeout_s):
+        together.wait()
+        return TESTS[:2]
+
+    def notebook(path, timeout_s):
+        together.wait()
+        failed = path.name == "01_b.ipynb"
+        return NotebookResult(path.name, not failed, 1.0, "E: x" if failed else "")
+
+    monkeypatch.setattr(gpu_check, "run_gpu_tests", tests)
+    monkeypatch.setattr(gpu_check, "run_notebook", notebook)
+    out = tmp_path / "report.md"
+    assert gpu_check.main(["--out", str(out), "--jobs", "3"]) == 1
+    rows = [line.split(" | ")[:2] for line in out.read_text().splitlines() if line.startswith("| 0")]
+    assert rows == [["| 00_a.ipynb", "pass"], ["| 01_b.ipynb", "FAIL"], ["| 02_c.ipynb", "pass"]]
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--jobs", "0"])
