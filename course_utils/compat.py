@@ -46,8 +46,8 @@ __all__ = ["COLLECTIVE_NAMES", "FLIGHT_RECORDER_DUMPS", "all_gather_single", "an
 COLLECTIVE_NAMES = {"reduce_scatter_single": "reduce_scatter_tensor",
                     "all_gather_single": "all_gather_into_tensor"}
 
-#: The functions that return the Flight Recorder's buffer, the current name first: 2.13 has only
-#: the first, 2.11 both (the second is the older name).
+#: The functions that return the Flight Recorder's buffer, the current name first: 2.13's CPU build
+#: has only the first, 2.11's both. In a CUDA build the second dumps NCCL's own buffer (see above).
 FLIGHT_RECORDER_DUMPS = ("_dump_fr_trace", "_dump_nccl_trace")
 
 
