@@ -38,7 +38,8 @@ def test_every_stage_equals_ddp_and_one_process(world_size, single):
 
 def _api_rank_with_peaks_seen(rank, world_size, *args):
     """api_rank, with cuda_peak replaced by a stand-in that notes the blocks it measures, and
-    fully_shard by one that notes the device type of the mesh it is given (None: no mesh)."""
+    fully_shard by one that notes the device type of the mesh it is given (None: no mesh) beside the
+    rank's own."""
     import contextlib
 
     import torch.distributed.fsdp as fsdp
@@ -52,7 +53,9 @@ def _api_rank_with_peaks_seen(rank, world_size, *args):
         peaks[name] = len(blocks)
 
     def sharding(module, *, mesh=None, **options):
-        meshes.append(None if mesh is None else mesh.device_type)
+        from course_utils.devices import rank_device
+
+        meshes.append((None if mesh is None else mesh.device_type, rank_device().type))
         return fully_shard(module, mesh=mesh, **options)
 
     runs.cuda_peak, fsdp.fully_shard = noting, sharding
@@ -67,7 +70,8 @@ def test_api_runs_equal_one_process_and_a_checkpoint_reshards_bitwise(tmp_path, 
     assert blocks[0] == ["zero_redundancy", "fsdp", "fsdp_kept", "bf16"]
     # every fully_shard is given a mesh on the rank's device (the CPU under gloo): fully_shard's own
     # default mesh would be on the machine's GPU, where a gloo job's rank 1 asks for cuda:1
-    assert meshes[0] == meshes[1] == ["cpu"] * 12  # three runs, four fully_shard calls each
+    assert len(meshes[0]) == len(meshes[1]) == 12  # three runs, four fully_shard calls each
+    assert all(given == device for calls in meshes for given, device in calls), meshes
     assert saved[0]["cuda_peak_bytes"] == {"zero_redundancy": 1, "fsdp": 2, "fsdp_kept": 3, "bf16": 4}
     psi = sum(p.numel() for p in single)  # 1732: every layer splits evenly over 2 ranks
     for out in saved:
