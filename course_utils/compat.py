@@ -10,7 +10,7 @@ release it is on.
   ``all_gather_into_tensor``, names that 2.13 still accepts with a ``FutureWarning``.
 - ``dump_flight_recorder``: this process's Flight Recorder buffer (notebook 12). Torch 2.13 dumps
   it with ``torch._C._distributed_c10d._dump_fr_trace`` only; 2.11 has that name and the older
-  ``_dump_nccl_trace``. On a CPU build both record gloo's collectives (measured). A CUDA build
+  ``_dump_nccl_trace``. On a CPU build both record gloo's collectives (measured). 2.11's CUDA build
   keeps NCCL's apart: with torch 2.11+cu130 on an H100, a one-rank NCCL group's all-reduce was in
   ``_dump_nccl_trace``'s buffer and not in ``_dump_fr_trace``'s (measured), so under NCCL the
   dump asks ``_dump_nccl_trace`` first.
@@ -47,7 +47,7 @@ COLLECTIVE_NAMES = {"reduce_scatter_single": "reduce_scatter_tensor",
                     "all_gather_single": "all_gather_into_tensor"}
 
 #: The functions that return the Flight Recorder's buffer, the current name first: 2.13's CPU build
-#: has only the first, 2.11's both. In a CUDA build the second dumps NCCL's own buffer (see above).
+#: has only the first, 2.11's both. In 2.11's CUDA build the second dumps NCCL's own buffer (above).
 FLIGHT_RECORDER_DUMPS = ("_dump_fr_trace", "_dump_nccl_trace")
 
 
@@ -86,8 +86,9 @@ def queue_backward_callback(fn: Any) -> None:
 def flight_recorder_dump_name(backend: str | None = None) -> str | None:
     """The name of this torch's function that dumps the Flight Recorder, or ``None`` (notebook 12).
 
-    Under NCCL (``backend="nccl"``), ``_dump_nccl_trace`` where the release has it: a CUDA build
-    keeps NCCL's collectives in a buffer of their own, apart from gloo's (see the module's text).
+    Under NCCL (``backend="nccl"``), ``_dump_nccl_trace`` where the release has it: 2.11's CUDA
+    build keeps NCCL's collectives in a buffer of its own, apart from gloo's (measured; see the
+    module's text). Releases not measured on a GPU are asked the same way.
     """
     c10d = getattr(torch._C, "_distributed_c10d", None)  # absent from builds without distributed
     names = ("_dump_nccl_trace", *FLIGHT_RECORDER_DUMPS) if backend == "nccl" else FLIGHT_RECORDER_DUMPS

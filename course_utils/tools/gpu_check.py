@@ -3,10 +3,11 @@
 Without a CUDA GPU it prints one line and exits with 2. Otherwise it runs ``pytest -m gpu tests``
 (outcomes read from its JUnit XML), executes every notebook top to bottom in memory (nothing is
 written back; the kernel starts in ``notebooks/``) and writes a markdown report to stdout and to
-``--out``. ``--jobs N`` runs N notebooks at a time beside the tests (a one-GPU H100 machine with
-16 cores ran 4, then 5, at a time on 2026-11-27). Exit 0 only if every gpu test passed (a skip
-counts only when the test needs more GPUs than this machine has) and every notebook ran without
-an error; else 1. Progress goes to stderr.
+``--out``. ``--jobs N`` runs N notebooks at a time beside the tests, from threads (on 2026-11-27 a
+one-GPU H100 machine with 16 cores ran the same steps 4, then 5, at a time from processes; the
+threads are proven on the CPU). Exit 0 only if every gpu test passed (a skip counts only when
+the test needs more GPUs than this machine has) and every notebook ran without an error; else 1.
+Progress goes to stderr.
 """
 
 from __future__ import annotations
