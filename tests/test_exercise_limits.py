@@ -22,6 +22,8 @@ SHORT_S = 0.2
 #: within 6 ms of its start (measured; 01.3's own untimed work aside), and each second of the limit
 #: is a second of a core spent looping, for the 37 checks that run in this process
 LOOP_S = 0.05
+#: the limit of a second try, where a busy machine kept the judge from reaching the answer in LOOP_S
+BUSY_S = 2.0
 
 
 def _looping_function(ex) -> str:
@@ -93,6 +95,13 @@ def test_a_check_stops_an_answer_that_loops_forever(ex, monkeypatch):
     assert time_limit._LAST.used < LOOP_S + MARGIN_S, (time_limit._LAST.used, str(result))
     assert seconds < 20, "imports and the course's own reference computations (untimed) took this long"
     if a_function:  # a value's judge may refuse it before touching what loops
+        if not answer.__globals__["_entered"]:
+            # LOOP_S is a wall clock: on a busy machine the process may wait that long for a core
+            # before the judge reaches the answer. Whether the judge calls the answer at all is what
+            # is checked, so a second try gets a limit no wait comes near (speed is make bench's).
+            answer = _namespace(ex, _looping_function(ex))
+            result, _ = _timed_verdict(dataclasses.replace(ex, time_limit=BUSY_S), answer, monkeypatch)
+            assert time_limit._LAST.used < BUSY_S + MARGIN_S, (time_limit._LAST.used, str(result))
         assert answer.__globals__["_entered"], "the check stopped before it called the answer"
         assert "stopped" in result.hint and "loop" in result.hint, result.hint
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .answers import whole
-from .core import load_bank
+from .core import load_bank, untimed
 
 __all__ = ["CASES", "EXERCISES"]
 
@@ -191,18 +191,21 @@ def _judge_snapshot(answer: Any) -> str | None:
 def _resumed(answer: Any, resume_at: int) -> str | None:
     with torch.random.fork_rng():  # the notebook's own random numbers stay as they were
         torch.manual_seed(1234)
-        model, optimizer = _job()
-        epoch, batch = _train(model, optimizer, 0, 0, resume_at)
+        with untimed():  # the course's own job: only the answer's time counts
+            model, optimizer = _job()
+            epoch, batch = _train(model, optimizer, 0, 0, resume_at)
         snapshot = answer(model, optimizer, epoch, batch)
         if not isinstance(snapshot, dict):
             return f"return a dict (what torch.save writes), not {type(snapshot).__name__}"
         saved = io.BytesIO()
         torch.save(snapshot, saved)  # now, as a job does: later steps must not change it
+        # timed: the answer had this model and optimizer in its hands
         _train(model, optimizer, epoch, batch, _STEPS - resume_at)
         uninterrupted = {k: v.clone() for k, v in model.state_dict().items()}
 
         torch.manual_seed(999)  # a fresh process: its own initial weights and random numbers
-        model, optimizer = _job()
+        with untimed():
+            model, optimizer = _job()
         saved.seek(0)
         try:
             loaded = torch.load(saved, weights_only=True)
@@ -226,7 +229,8 @@ def _resumed(answer: Any, resume_at: int) -> str | None:
         if position != (epoch, batch):
             return ("the position in the snapshot is not where the job stood when it saved (the check "
                     "saves at several points): store the position the job is at, as it is given")
-        _train(model, optimizer, *position, _STEPS - resume_at)
+        with untimed():  # a fresh job, with what weights_only loaded: no code of the answer's
+            _train(model, optimizer, *position, _STEPS - resume_at)
         resumed = model.state_dict()
     if all(torch.equal(resumed[k], v) for k, v in uninterrupted.items()):
         return None
