@@ -33,14 +33,34 @@ def rank_processes() -> list[psutil.Process]:
 
 
 def pytest_configure(config):
-    """The fork server that forks this process's ranks imports pytest (and psutil) up front, too.
+    """One fork server for the whole session, which imports pytest (and psutil) up front, too.
 
-    A rank whose function a test module defines imports that module, and so pytest: about 75 ms of
-    CPU in each of some 200 ranks of `make test`, or once per fork server.
+    The session's first process (xdist's controller, or the only one) starts it and names it in
+    COURSE_FORKSERVER (course_utils/launcher/shared_server.py): the workers and the notebooks'
+    kernels inherit the name and fork their ranks from it, instead of starting a server each (about
+    3 CPU-s apiece, some fourteen times in `make test`). A rank whose function a test module defines
+    imports that module, and so pytest: about 75 ms of CPU in each of some 200 ranks, or once here.
     """
-    from course_utils.launcher import forkserver
+    from course_utils.launcher import forkserver, shared_server
 
     forkserver.PRELOAD.extend(name for name in ("pytest", "psutil") if name not in forkserver.PRELOAD)
+    if not hasattr(config, "workerinput") and _forks_here():
+        shared_server.publish(forkserver.PRELOAD)
+
+
+def _forks_here() -> bool:
+    """Whether launches here fork ranks (what forkserver.use_forkserver decides, short of asking torch
+    whether a GPU is visible: the controller does not import torch, and a server that nobody forks
+    from costs only its start)."""
+    import multiprocessing
+    import os
+    import sys
+
+    from course_utils.launcher import forkserver
+
+    return (sys.platform == "linux" and "forkserver" in multiprocessing.get_all_start_methods()
+            and os.environ.get(forkserver.START_VARIABLE, "") != "subprocess"
+            and not forkserver.internals_missing())
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from course_utils.ddp.train import TrainConfig, train_ddp, train_reference
 from course_utils.devices import choose_backend
 from course_utils.distributed import LaunchTimeout, RankError, free_port, launch
 from course_utils.faults.torchrun import torchrun
+from course_utils.launcher import shared_server
 
 pytestmark = pytest.mark.usefixtures("nothing_left_behind")
 
@@ -267,9 +268,9 @@ def test_auto_start_keeps_fresh_interpreters_where_forking_is_unsafe(monkeypatch
     assert forkserver.use_forkserver("auto", "gloo") is False
 
 
-def run_python(*args, cwd=None):
+def run_python(*args, cwd=None, env=None):
     done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120,
-                          cwd=cwd)
+                          cwd=cwd, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.splitlines()
 
@@ -292,7 +293,9 @@ def test_a_fork_server_started_by_someone_else_works_and_ends_with_its_parent():
             "from course_utils.distributed import launch\n"
             "print(launch(demos.all_reduce_sum, 1, echo=False, start='forkserver'))\n"
             "print(*[c.pid for c in psutil.Process().children(recursive=True)])\n")
-    result, helpers = run_python("-c", code)
+    # without the session's shared fork server (tests/conftest.py): this process's own is the point
+    alone = {k: v for k, v in os.environ.items() if k != shared_server.VARIABLE}
+    result, helpers = run_python("-c", code, env=alone)
     assert result == "[[1.0]]"  # one rank: it imports torch itself (the server preloaded nothing)
     helpers = [int(pid) for pid in helpers.split()]
     assert len(helpers) == 2  # the fork server and its resource tracker, nothing else

@@ -9,6 +9,8 @@ from ``course_utils.faults.torchrun``.
   its result;
 - ``forkserver``: fast starts: ranks forked from a clean server that imported torch once, and the
   fallback to fresh interpreters;
+- ``shared_server``: one fork server for a whole test session (``make test``, ``make compat``),
+  named in ``COURSE_FORKSERVER``;
 - ``processes``: results, stopping a rank and its children, the stacks of stuck ranks;
 - ``waiting``: waiting for the ranks, the rank to blame when one fails (``RankError``), what a
   timeout reports (``LaunchTimeout``);

@@ -20,6 +20,8 @@ import sys
 import threading
 from typing import Any
 
+from . import shared_server
+
 __all__ = ["PRELOAD", "START_VARIABLE", "STARTS", "Forked", "RankProcess", "chosen_start", "cuda_visible",
            "forkserver_context", "fresh_starts", "internals_missing", "use_forkserver"]
 
@@ -158,8 +160,19 @@ else:
         """
 
         def _launch(self, process_obj: Any) -> None:
+            connect = shared_server.connector()  # a test session's one server, if it names one
+            if connect is not None:
+                try:
+                    self._launch_with(process_obj, connect)
+                    return
+                except shared_server.Unreachable as error:  # this process starts a server of its own
+                    shared_server.unreachable(error)
+            self._launch_with(process_obj, None)
+
+        def _launch_with(self, process_obj: Any, connect: Any) -> None:
             with _PREPARING:
                 prepare = _spawn.get_preparation_data
+                own = _popen_forkserver.forkserver.connect_to_new_process
 
                 def without_main(name: str) -> dict:
                     data = prepare(name)
@@ -168,10 +181,13 @@ else:
                     return data
 
                 _spawn.get_preparation_data = without_main
+                if connect is not None:
+                    _popen_forkserver.forkserver.connect_to_new_process = connect
                 try:
                     super()._launch(process_obj)
                 finally:
                     _spawn.get_preparation_data = prepare
+                    _popen_forkserver.forkserver.connect_to_new_process = own
 
     class RankProcess(getattr(_mp_context, "ForkServerProcess", object)):  # type: ignore[no-redef,misc]
         """A fork-server ``Process`` started by :class:`_RankPopen`."""

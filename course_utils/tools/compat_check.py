@@ -211,6 +211,12 @@ def inside(repo: Path) -> int:
     if "site-packages" not in installed.parts:
         print("compat: course_utils was imported from the repository, not from the installed package")
         return 1
+    # one fork server for every notebook's kernel and the launch tests, as in make test
+    # (course_utils/launcher/shared_server.py): not one per kernel, about 3 CPU-s each
+    from ..launcher import forkserver, shared_server
+
+    if forkserver.use_forkserver(None, "gloo"):
+        shared_server.publish(forkserver.PRELOAD)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         failures = run_notebooks(repo, Path(tmp))

@@ -1,0 +1,87 @@
+"""The test session's one fork server (course_utils/launcher/shared_server.py, tests/conftest.py):
+the session's processes fork their ranks from it, each rank with its own launcher's environment,
+path and folder; a name that does not answer gives a launch a server of its own, and a note."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from course_utils.distributed import launch
+from course_utils.launcher import forkserver, shared_server
+
+pytestmark = [pytest.mark.usefixtures("nothing_left_behind"),
+              pytest.mark.skipif(sys.platform != "linux" or torch.cuda.is_available(),
+                                 reason="ranks are forked on Linux machines without a GPU only")]
+
+
+def _who(rank, world_size):
+    return {"parent": os.getppid(), "probe": os.environ.get("COURSE_PROBE"), "cwd": os.getcwd(),
+            "on_path": "/course-probe-path" in sys.path}
+
+
+def _fresh_python(code, env=None):
+    """``code`` in a fresh interpreter, without this session's name unless ``env`` gives one."""
+    base = {k: v for k, v in os.environ.items() if k != shared_server.VARIABLE}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+                          env={**base, **(env or {})}, cwd=os.getcwd())
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def test_this_session_forks_every_rank_from_the_server_its_first_process_named(monkeypatch, tmp_path):
+    """make test's workers and kernels inherit the name from conftest's pytest_configure, and a rank
+    still gets what its launcher has now, not what the server had when it started."""
+    assert shared_server.VARIABLE in os.environ, "tests/conftest.py named no shared fork server"
+    named = json.loads(os.environ[shared_server.VARIABLE])["pid"]
+    monkeypatch.setenv("COURSE_PROBE", "set after the server started")
+    monkeypatch.syspath_prepend("/course-probe-path")
+    monkeypatch.chdir(tmp_path)
+    ranks = launch(_who, 2, start="forkserver", echo=False)
+    assert [r["parent"] for r in ranks] == [named, named]
+    assert {r["probe"] for r in ranks} == {"set after the server started"}
+    assert {r["cwd"] for r in ranks} == {str(tmp_path)} and all(r["on_path"] for r in ranks)
+    assert forkserver.use_forkserver(None, "gloo")  # a launch that does not ask forks too
+
+
+def test_the_first_name_is_kept_and_the_server_ends_with_the_process_that_named_it():
+    code = ("import json, os\n"
+            "from course_utils.launcher import shared_server\n"
+            "assert shared_server.publish([])\n"  # nothing preloaded: this server forks nothing
+            "first = os.environ[shared_server.VARIABLE]\n"
+            "assert not shared_server.publish([]) and os.environ[shared_server.VARIABLE] == first\n"
+            "print(json.loads(first)['pid'])\n")
+    server = int(_fresh_python(code).stdout)
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not psutil.pid_exists(server)
+
+
+def test_a_name_that_is_not_one_or_does_not_answer_gives_a_server_of_its_own_and_a_note(tmp_path):
+    """Another interpreter's server (make compat's releases) is not used either, without a note."""
+    stale = json.dumps({"address": str(tmp_path / "gone"), "key": None, "pid": 1})
+    other = json.dumps({**json.loads(os.environ[shared_server.VARIABLE]), "python": "/another/python"})
+    code = ("import json, os\n"
+            "from tests.test_shared_server import _who\n"
+            "from course_utils.distributed import launch\n"
+            "from course_utils.launcher import shared_server\n"
+            "first = launch(_who, 1, start='forkserver', echo=False)\n"  # the name is not JSON
+            f"os.environ[shared_server.VARIABLE] = {stale!r}\n"
+            "second = launch(_who, 1, start='forkserver', echo=False)\n"  # no server at that address
+            "third = launch(_who, 1, start='forkserver', echo=False)\n"
+            f"os.environ[shared_server.VARIABLE] = {other!r}\n"  # another Python's: not used, no note
+            "fourth = launch(_who, 1, start='forkserver', echo=False)\n"
+            "print(json.dumps([r['parent'] for r in first + second + third + fourth]))\n")
+    done = _fresh_python(code, env={shared_server.VARIABLE: "not a name"})
+    parents = json.loads(done.stdout)
+    assert len(set(parents)) == 1 and parents[0] != 1  # one server, that process's own
+    notes = [line for line in done.stderr.splitlines() if shared_server.VARIABLE in line]
+    assert len(notes) == 2, done.stderr  # one for each bad name, none for a repeat or another Python's
+    assert "COURSE_FORKSERVER is not a fork server's name ('not a name'); ignored" in notes[0]
+    assert "COURSE_FORKSERVER did not answer (FileNotFoundError" in notes[1]
