@@ -13,9 +13,10 @@ shared server, not the launching process. Nothing here runs for a learner, unles
 set by hand. If the named server cannot be reached, the launch says so once (on stderr) and starts
 a server of its own.
 
-The client speaks ``multiprocessing``'s own protocol, through its ``ForkServer`` class with the
-address (and, from Python 3.14, the key) of the published server: CPython internals, checked by
-:func:`available` like those of ``forkserver.internals_missing``.
+The client speaks ``multiprocessing``'s own protocol, through its ``ForkServer`` class given the
+published server's address (and its key, on a Python whose server has one): CPython internals,
+checked by :func:`available` like those of ``forkserver.internals_missing``, and tried on the
+pinned Python 3.11 only.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["VARIABLE", "Unreachable", "available", "connector", "forget", "publish", "unreachable"]
+__all__ = ["VARIABLE", "Unreachable", "available", "connector", "publish", "unreachable"]
 
-#: The variable that names the shared fork server (JSON: its address, key and pid).
+#: The variable that names the shared fork server (JSON: its address, key, pid, Python and course_utils).
 VARIABLE = "COURSE_FORKSERVER"
+
 
 class Unreachable(Exception):
     """The named server did not take a connection (it ended, or the name is stale)."""
@@ -79,12 +81,6 @@ def _interpreter() -> dict[str, str]:
 
     return {"python": os.path.realpath(sys.executable),
             "course_utils": os.path.realpath(os.path.dirname(course_utils.__file__))}
-
-
-def forget() -> None:
-    """Stop using a published server in this process (the variable is left as it is)."""
-    with _LOCK:
-        _CLIENT.clear()
 
 
 def connector() -> Callable[[list[int]], tuple[int, int]] | None:
