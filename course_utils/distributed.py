@@ -17,11 +17,12 @@ What it takes care of, because a notebook cannot:
   does. What cannot travel (an open file, a lock, a socket, a generator, a GPU tensor) is named
   in a ``TypeError`` before any rank starts.
 - **Fast starts.** A fresh interpreter spends about 1.2 s importing torch, and DDP's first
-  construction about 1.5 s more importing ``torch._dynamo``. On Linux machines without a GPU,
-  ranks are therefore forked from a *fork server*: a clean process that ``multiprocessing``
-  starts once, which imports torch and those modules and does no torch compute, so forking it is
-  safe. A rank then starts in a few hundredths of a second. With a GPU (CUDA and fork do not
-  mix), on other systems, or with ``start="subprocess"``, every rank is a fresh
+  construction about 1.5 s more importing ``torch._dynamo``. On Linux, ranks are therefore
+  forked from a *fork server*: a clean process that ``multiprocessing`` starts once, which
+  imports torch and those modules and does no torch compute, so forking it is safe. It never
+  touches CUDA, so a forked rank may use a GPU (NCCL too): it initialises CUDA itself. A rank then
+  starts in a few hundredths of a second. On other systems, or with ``start="subprocess"``, every
+  rank is a fresh
   ``python -m course_utils.launcher.rank``. The environment variable ``COURSE_START=subprocess``
   makes that the start of every launch that does not pass ``start=`` (``make stress`` runs every
   notebook so: the start that macOS and Windows learners get).
@@ -122,8 +123,8 @@ def launch(
 
     ``start`` is how the rank processes start: ``"forkserver"`` (forked from a clean server that
     has imported torch once: fast), ``"subprocess"`` (a fresh interpreter per rank: about 1.2 s
-    more each) or ``"auto"``: the fork server on Linux when no GPU is visible and ``__main__`` is
-    not a script run by path; else subprocesses. Left out, it is the variable ``COURSE_START``
+    more each) or ``"auto"``: the fork server on Linux (with or without a GPU) when ``__main__``
+    is not a script run by path; else subprocesses. Left out, it is the variable ``COURSE_START``
     (``subprocess``: fresh interpreters on every machine), or ``"auto"`` where that is unset.
     """
     _check_callable(fn)
@@ -138,7 +139,7 @@ def launch(
     backend = choose_backend(world_size) if backend is None else backend
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-    forkserver = use_forkserver(start, backend)
+    forkserver = use_forkserver(start)
     call = serialise_call(fn, args)  # before anything starts: what cannot travel is named here
     workdir = Path(tempfile.mkdtemp(prefix="course-launch-"))
     ranks: list[RankHandle] = []

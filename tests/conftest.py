@@ -49,9 +49,8 @@ def pytest_configure(config):
 
 
 def _forks_here() -> bool:
-    """Whether launches here fork ranks (what forkserver.use_forkserver decides, short of asking torch
-    whether a GPU is visible: the controller does not import torch, and a server that nobody forks
-    from costs only its start)."""
+    """Whether launches here fork ranks (what forkserver.use_forkserver decides for a kernel or a
+    pytest worker, GPU or not; the controller does not import torch for it)."""
     import multiprocessing
     import os
     import sys

@@ -109,19 +109,18 @@ def test_launch_falls_back_to_fresh_interpreters_without_the_fork_servers_intern
 
     from course_utils.launcher import forkserver
 
-    monkeypatch.setattr(forkserver, "cuda_visible", lambda: False)
     monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # as in a kernel
     monkeypatch.setattr(forkserver, "_NOTED", set())
     monkeypatch.delenv("COURSE_START", raising=False)  # make stress's switch: this is "auto"
     assert forkserver.internals_missing() == []
-    assert forkserver.use_forkserver("auto", "gloo")
+    assert forkserver.use_forkserver("auto")
     assert launch(_forked_from_a_server, 2, echo=False, timeout_s=60, backend="gloo") == [True, True]
 
     monkeypatch.delattr(multiprocessing.spawn, "get_preparation_data")  # as a later Python might
     assert forkserver.internals_missing() == ["multiprocessing.spawn.get_preparation_data"]
     capsys.readouterr()
     assert launch(_forked_from_a_server, 2, echo=False, timeout_s=60, backend="gloo") == [False, False]
-    assert not forkserver.use_forkserver("auto", "gloo")  # the next launch's decision: no second note
+    assert not forkserver.use_forkserver("auto")  # the next launch's decision: no second note
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "lacks multiprocessing.spawn.get_preparation_data" in err, err
     assert "Traceback" not in err

@@ -228,11 +228,10 @@ def test_auto_start_forks_ranks_from_the_server_on_a_cpu_linux_machine(monkeypat
 def test_the_start_switch_overrides_auto_only(monkeypatch):
     from course_utils.launcher import forkserver
 
-    monkeypatch.setattr(forkserver, "cuda_visible", lambda: False)
     monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # as in a kernel
     monkeypatch.delenv("COURSE_START", raising=False)
     assert forkserver.chosen_start() == "auto"
-    auto_forks = forkserver.use_forkserver(None, "gloo")
+    auto_forks = forkserver.use_forkserver(None)
     assert auto_forks == (sys.platform == "linux") and forkserver.fresh_starts() is not auto_forks
     for value, start in (("", "auto"), ("subprocess", "subprocess"), ("forkserver", "forkserver"),
                          ("auto", "auto")):
@@ -240,32 +239,38 @@ def test_the_start_switch_overrides_auto_only(monkeypatch):
         assert forkserver.chosen_start() == start
         assert forkserver.chosen_start("forkserver") == "forkserver"  # passed: it wins
     monkeypatch.setenv("COURSE_START", "subprocess")
-    assert forkserver.use_forkserver(None, "gloo") is False and forkserver.fresh_starts()
-    assert forkserver.use_forkserver("auto", "gloo") is auto_forks  # start="auto" passed: the rule
+    assert forkserver.use_forkserver(None) is False and forkserver.fresh_starts()
+    assert forkserver.use_forkserver("auto") is auto_forks  # start="auto" passed: the rule
     if auto_forks:
-        assert forkserver.use_forkserver("forkserver", "gloo") is True
+        assert forkserver.use_forkserver("forkserver") is True
     monkeypatch.setenv("COURSE_START", "spawn")
     with pytest.raises(ValueError, match="COURSE_START must be 'auto', 'forkserver' or 'subprocess', "
                                          "got 'spawn'"):
         launch(_parent_pid, 2)
-    assert forkserver.use_forkserver("subprocess", "gloo") is False  # a start passed: not read
+    assert forkserver.use_forkserver("subprocess") is False  # a start passed: not read
 
 
-def test_auto_start_keeps_fresh_interpreters_where_forking_is_unsafe(monkeypatch):
+def test_auto_start_forks_on_linux_with_or_without_a_gpu_but_not_for_a_script(monkeypatch):
+    """The fork server never initialises CUDA (tests/test_preload_cuda.py), so a GPU changes
+    nothing: the decision does not even ask torch whether one is there."""
+    import torch
+
     from course_utils.launcher import forkserver
 
-    assert forkserver.use_forkserver("auto", "nccl") is False
-    assert forkserver.use_forkserver("subprocess", "gloo") is False
-    monkeypatch.setattr(forkserver, "cuda_visible", lambda: True)
-    assert forkserver.use_forkserver("auto", "gloo") is False  # CUDA and fork do not mix
-    if sys.platform == "linux":
-        assert forkserver.use_forkserver("forkserver", "gloo") is True  # unless asked
-    monkeypatch.undo()
+    def asked():
+        raise AssertionError("use_forkserver asked torch about CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_available", asked)
+    monkeypatch.setattr(torch.cuda, "device_count", asked)
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # as in a kernel
+    monkeypatch.delenv("COURSE_START", raising=False)
+    assert forkserver.use_forkserver("auto") is (sys.platform == "linux")
+    assert forkserver.use_forkserver("subprocess") is False
     script = types.ModuleType("__main__")
     script.__file__ = "train.py"  # `python train.py`: a fork-server child would import it again
     script.__spec__ = None
     monkeypatch.setitem(sys.modules, "__main__", script)
-    assert forkserver.use_forkserver("auto", "gloo") is False
+    assert forkserver.use_forkserver("auto") is False
 
 
 def run_python(*args, cwd=None, env=None):

@@ -1,7 +1,7 @@
 """Every English notebook as on another machine (``make stress``): the start that macOS and Windows
 learners get, and another CPU's kernels.
 
-Off Linux, and wherever a GPU is visible, ``launch`` starts each rank as a fresh interpreter
+Off Linux, ``launch`` starts each rank as a fresh interpreter
 instead of forking it from the fork server. ``COURSE_START=subprocess`` gives every launch that
 start here; this test runs nbval over ``notebooks/`` with it set, in a pytest of its own (the
 kernels inherit the variable), and checks that every notebook was collected, every cell passed,

@@ -46,7 +46,7 @@ def test_this_session_forks_every_rank_from_the_server_its_first_process_named(m
     assert [r["parent"] for r in ranks] == [named, named]
     assert {r["probe"] for r in ranks} == {"set after the server started"}
     assert {r["cwd"] for r in ranks} == {str(tmp_path)} and all(r["on_path"] for r in ranks)
-    assert forkserver.use_forkserver(None, "gloo")  # a launch that does not ask forks too
+    assert forkserver.use_forkserver(None)  # a launch that does not ask forks too
 
 
 def test_the_first_name_is_kept_and_the_server_ends_with_the_process_that_named_it():

@@ -72,9 +72,9 @@ def where_stuck(stacks: dict[int, list[str]], last: int = 3) -> dict[int, str]:
 
 def hang_limit() -> float:
     """The seconds a broken program gets here: :data:`HANG_S`, or :data:`HANG_FRESH_S` where ranks
-    start as fresh interpreters, each importing torch first (with a GPU visible, off Linux, or
-    with ``COURSE_START=subprocess``)."""
-    return HANG_FRESH_S if fresh_starts(ZOO_BACKEND) else HANG_S
+    start as fresh interpreters, each importing torch first (off Linux, or with
+    ``COURSE_START=subprocess``)."""
+    return HANG_FRESH_S if fresh_starts() else HANG_S
 
 
 @dataclasses.dataclass
@@ -91,7 +91,7 @@ def run_broken(fn: Callable[..., Any], *args: Any, world_size: int = 2) -> Hang 
     Each rank keeps its Flight Recorder dump meanwhile (:func:`recording_flight`); they come back
     in the :class:`Hang`, with the stacks.
     """
-    if not fresh_starts(ZOO_BACKEND):  # the first launch of a process starts the fork server, which
+    if not fresh_starts():  # the first launch of a process starts the fork server, which
         # imports torch (seconds): not part of the program's allowance, so it happens before
         launch(_started, world_size, backend=ZOO_BACKEND, init="none", timeout_s=120, echo=False)
     with tempfile.TemporaryDirectory(prefix="course-flight-") as folder:

@@ -1,11 +1,14 @@
 """The fork server that starts ``launch``'s ranks in a fraction of a second (notebook 05).
 
 A fresh interpreter spends about 1.2 s importing torch, and DDP's first construction about 1.5 s
-more importing ``torch._dynamo``. On Linux without a GPU, ranks are therefore forked from a clean
-process that ``multiprocessing`` starts once, which imports those modules and does no torch
-compute, so forking it is safe (fork after torch compute can deadlock the child).
+more importing ``torch._dynamo``. On Linux, ranks are therefore forked from a clean process that
+``multiprocessing`` starts once, which imports those modules and does no torch compute, so forking
+it is safe (fork after torch compute can deadlock the child). It never asks CUDA anything either
+(``tests/test_preload_cuda.py`` proves its imports do not), so a forked rank initialises CUDA
+itself, as a fresh interpreter would: GPU machines fork their ranks too, NCCL's included (on
+2026-11-27 every notebook and the gpu tests passed so on an H100, in a third of the time).
 
-Where forking is unsafe or unavailable (a GPU, macOS, Windows), ranks start as fresh interpreters.
+Where forking is unavailable (macOS, Windows), ranks start as fresh interpreters.
 The environment variable ``COURSE_START=subprocess`` gives every launch that start on any machine,
 so that a Linux machine can run the course as a Mac or Windows learner's machine starts its ranks
 (``make stress`` runs every notebook so).
@@ -22,13 +25,13 @@ from typing import Any
 
 from . import shared_server
 
-__all__ = ["PRELOAD", "START_VARIABLE", "STARTS", "Forked", "RankProcess", "chosen_start", "cuda_visible",
+__all__ = ["PRELOAD", "START_VARIABLE", "STARTS", "Forked", "RankProcess", "chosen_start",
            "forkserver_context", "fresh_starts", "internals_missing", "use_forkserver"]
 
 #: How ``launch`` may start its ranks (its ``start=``).
 STARTS = ("auto", "forkserver", "subprocess")
 #: Set to ``subprocess`` to start the ranks of every launch that does not pass ``start=`` as fresh
-#: interpreters, as they start off Linux and with a GPU (``forkserver`` and ``auto`` are accepted too).
+#: interpreters, as they start off Linux (``forkserver`` and ``auto`` are accepted too).
 START_VARIABLE = "COURSE_START"
 
 
@@ -62,8 +65,8 @@ def chosen_start(start: str | None = None) -> str:
     return start
 
 
-def use_forkserver(start: str | None, backend: str) -> bool:
-    """Whether ``launch(start=start)`` forks its ranks from the fork server, for ``backend``.
+def use_forkserver(start: str | None) -> bool:
+    """Whether ``launch(start=start)`` forks its ranks from the fork server (any backend).
 
     ``start=None`` (launch's default) is ``COURSE_START``'s start, or ``"auto"`` without it.
     """
@@ -82,9 +85,9 @@ def use_forkserver(start: str | None, backend: str) -> bool:
     # longer re-import it, see _RankPopen, so start="forkserver" suits it as well).
     main = sys.modules.get("__main__")
     main_is_safe = getattr(main, "__spec__", None) is not None or not hasattr(main, "__file__")
-    # With a GPU, ranks keep fresh interpreters: a forked process can use CUDA only if the server
-    # never initialised it, and a GPU machine was not available to check the server's imports.
-    fork = available and sys.platform == "linux" and backend == "gloo" and main_is_safe and not cuda_visible()
+    # With a GPU too: the server never initialised CUDA, so each forked rank initialises it itself
+    # (on the device that devices.init_kwargs binds it to), under gloo and NCCL alike.
+    fork = available and sys.platform == "linux" and main_is_safe
     if fork and missing:
         _note_once(f"launch: this Python's multiprocessing lacks {', '.join(missing)}, which the fork "
                    f"server relies on; ranks start as fresh interpreters instead (same results, "
@@ -93,10 +96,10 @@ def use_forkserver(start: str | None, backend: str) -> bool:
     return fork
 
 
-def fresh_starts(backend: str = "gloo") -> bool:
+def fresh_starts() -> bool:
     """Whether a launch that passes no ``start=`` starts its ranks here as fresh interpreters, each
     importing torch first (a second or more per rank: what a limit on a launch must allow for)."""
-    return not use_forkserver(None, backend)
+    return not use_forkserver(None)
 
 
 _NOTED: set[str] = set()
@@ -118,13 +121,6 @@ def internals_missing() -> list[str]:
               "multiprocessing.popen_forkserver.Popen._launch": getattr(popen, "_launch", None),
               "multiprocessing.context.ForkServerProcess": getattr(_mp_context, "ForkServerProcess", None)}
     return [name for name, found in needed.items() if not callable(found)]
-
-
-def cuda_visible() -> bool:
-    """Whether this process sees a GPU (then ranks are fresh interpreters: CUDA and fork do not mix)."""
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def forkserver_context() -> Any:

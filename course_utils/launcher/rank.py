@@ -91,9 +91,11 @@ def forked(workdir: str, rank: int, env: dict[str, str]) -> None:
     """Entry point of a rank forked by the fork server: become a rank of its own, then run.
 
     The server was started once, with the environment of that moment, and has imported torch (and
-    done no torch compute, so forking it is safe). The rank takes a session of its own (so that
-    ``launch`` can stop it and anything it starts as a whole), sends its stdout and stderr (C++
-    messages included) to its log file, and takes the launching process's current environment.
+    done no torch compute and never touched CUDA, so forking it is safe; a GPU rank initialises
+    CUDA here, after the environment below, ``CUDA_VISIBLE_DEVICES`` included, is set). The rank
+    takes a session of its own (so that ``launch`` can stop it and anything it starts as a whole),
+    sends its stdout and stderr (C++ messages included) to its log file, and takes the launching
+    process's current environment.
     """
     os.setsid()
     sys.stdout.flush()

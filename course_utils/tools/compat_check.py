@@ -215,7 +215,7 @@ def inside(repo: Path) -> int:
     # (course_utils/launcher/shared_server.py): not one per kernel, about 3 CPU-s each
     from ..launcher import forkserver, shared_server
 
-    if forkserver.use_forkserver(None, "gloo"):
+    if forkserver.use_forkserver(None):
         shared_server.publish(forkserver.PRELOAD)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
