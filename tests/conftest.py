@@ -5,6 +5,9 @@ non-interactive backend would stop their plots from being displayed (and compare
 Unit tests that plot select the Agg backend themselves.
 """
 
+import contextlib
+import os
+
 import psutil
 import pytest
 
@@ -62,12 +65,64 @@ def _forks_here() -> bool:
             and not forkserver.internals_missing())
 
 
+class StartedRanks:
+    """Every rank that ``launch`` started while it was recorded, by pid and start time.
+
+    A scan of this process's descendants misses forked ranks: their parent is the fork server,
+    which the session's first process started (tests/conftest.py's pytest_configure), and their
+    command line is the server's. Each rank leads a process session of its own (``os.setsid``), so
+    what it started lives on in that session, whoever reaps it.
+    """
+
+    def __init__(self) -> None:
+        self.started: list[tuple[int, float]] = []
+
+    def record(self, pid: int) -> None:
+        with contextlib.suppress(psutil.NoSuchProcess):  # gone already: nothing to leave behind
+            self.started.append((pid, psutil.Process(pid).create_time()))
+
+    def alive(self) -> list[psutil.Process]:
+        """The recorded ranks still running, and every process left in one of their sessions."""
+        found = []
+        for pid, created in self.started:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p = psutil.Process(pid)
+                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(p)
+        sessions = {pid for pid, _ in self.started}
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError, PermissionError):
+                if (p.pid not in sessions and os.getsid(p.pid) in sessions
+                        and p.status() != psutil.STATUS_ZOMBIE):
+                    found.append(p)
+        return found
+
+
+@contextlib.contextmanager
+def recording_ranks():
+    """Record the rank of every ``launch`` made inside the block (a :class:`StartedRanks`)."""
+    from course_utils import distributed
+
+    ranks = StartedRanks()
+
+    class Recorded(distributed.RankHandle):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            ranks.record(self.process.pid)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(distributed, "RankHandle", Recorded)
+        yield ranks
+
+
 @pytest.fixture
 def nothing_left_behind():
-    """Fails the test if it leaves a rank process (or any other child) running."""
+    """Fails the test if it leaves a rank process (forked or not, and anything a rank started) or
+    any other child running."""
     before = {p.pid for p in rank_processes()}
-    yield
-    leftover = [p for p in rank_processes() if p.pid not in before]
+    with recording_ranks() as ranks:
+        yield
+    leftover = [p for p in rank_processes() if p.pid not in before] + ranks.alive()
     assert leftover == [], f"processes left behind: {leftover}"
 
 

@@ -8,7 +8,7 @@ import pkgutil
 
 import pytest
 import torch
-from conftest import rank_processes
+from conftest import rank_processes, recording_ranks
 from device_audit import DeviceAudit, audited
 from torch import nn
 
@@ -324,14 +324,15 @@ def audits(tmp_path_factory):
     functions = _rank_functions()
     results = {}
     before = {p.pid for p in rank_processes()}
-    for world_size in sorted({n for n, _ in CASES.values()}):
-        cases = [(case, functions[case.split(" ")[0]],
-                  tuple(a.format(tmp=tmp) if isinstance(a, str) else a for a in args))
-                 for case, (n, args) in CASES.items() if n == world_size]
-        per_rank = launch(_audit_cases, world_size, cases, echo=False, backend="gloo", timeout_s=300)
-        for case, _, _ in cases:
-            results[case] = [ranks[case] for ranks in per_rank]
-    assert [p for p in rank_processes() if p.pid not in before] == []
+    with recording_ranks() as started:
+        for world_size in sorted({n for n, _ in CASES.values()}):
+            cases = [(case, functions[case.split(" ")[0]],
+                      tuple(a.format(tmp=tmp) if isinstance(a, str) else a for a in args))
+                     for case, (n, args) in CASES.items() if n == world_size]
+            per_rank = launch(_audit_cases, world_size, cases, echo=False, backend="gloo", timeout_s=300)
+            for case, _, _ in cases:
+                results[case] = [ranks[case] for ranks in per_rank]
+    assert [p for p in rank_processes() if p.pid not in before] + started.alive() == []
     return results
 
 

@@ -210,8 +210,7 @@ def _parent_pid(rank, world_size):
     return os.getppid()
 
 
-@pytest.mark.skipif(sys.platform != "linux" or torch.cuda.is_available(),
-                    reason="the fork server is used on Linux machines without a GPU only")
+@pytest.mark.skipif(sys.platform != "linux", reason="the fork server is used on Linux only")
 def test_auto_start_forks_ranks_from_the_server_on_a_cpu_linux_machine(monkeypatch):
     """Who a rank's parent is shows how it started: this process (a fresh interpreter) or the
     fork server. COURSE_START=subprocess gives every launch without ``start=`` fresh interpreters;
@@ -314,8 +313,7 @@ def _not_imported(rank, world_size, names):
     return [name for name in names if name not in sys.modules]
 
 
-@pytest.mark.skipif(sys.platform != "linux" or torch.cuda.is_available(),
-                    reason="the fork server is used on Linux machines without a GPU only")
+@pytest.mark.skipif(sys.platform != "linux", reason="the fork server is used on Linux only")
 def test_the_fork_server_preloads_every_module_it_lists():
     """multiprocessing's fork server skips a preload module it cannot import, and says nothing: a
     module renamed or moved would only make every forked rank import it again, slower."""
