@@ -75,11 +75,14 @@ class StartedRanks:
     """
 
     def __init__(self) -> None:
-        self.started: list[tuple[int, float]] = []
+        self.started: list[tuple[int, float | None]] = []
 
     def record(self, pid: int) -> None:
-        with contextlib.suppress(psutil.NoSuchProcess):  # gone already: nothing to leave behind
-            self.started.append((pid, psutil.Process(pid).create_time()))
+        try:
+            created = psutil.Process(pid).create_time()
+        except psutil.NoSuchProcess:  # gone already; what it started would still be in its session
+            created = None
+        self.started.append((pid, created))
 
     def alive(self) -> list[psutil.Process]:
         """The recorded ranks still running, and every process left in one of their sessions."""
@@ -87,7 +90,7 @@ class StartedRanks:
         for pid, created in self.started:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p = psutil.Process(pid)
-                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                if created is not None and p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
                     found.append(p)
         sessions = {pid for pid, _ in self.started}
         for p in psutil.process_iter():
