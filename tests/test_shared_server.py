@@ -2,8 +2,10 @@
 the session's processes fork their ranks from it, each rank with its own launcher's environment,
 path and folder; a name that does not answer gives a launch a server of its own, and a note."""
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,8 +26,10 @@ def _sleep(rank, world_size, seconds):
 
 
 def _who(rank, world_size):
+    import torch.distributed as dist
+
     return {"parent": os.getppid(), "probe": os.environ.get("COURSE_PROBE"), "cwd": os.getcwd(),
-            "on_path": "/course-probe-path" in sys.path}
+            "on_path": "/course-probe-path" in sys.path, "debug": str(dist.get_debug_level())}
 
 
 def _fresh_python(code, env=None):
@@ -43,11 +47,13 @@ def test_this_session_forks_every_rank_from_the_server_its_first_process_named(m
     assert shared_server.VARIABLE in os.environ, "tests/conftest.py named no shared fork server"
     named = json.loads(os.environ[shared_server.VARIABLE])["pid"]
     monkeypatch.setenv("COURSE_PROBE", "set after the server started")
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")  # which torch reads once, at import
     monkeypatch.syspath_prepend("/course-probe-path")
     monkeypatch.chdir(tmp_path)
     ranks = launch(_who, 2, start="forkserver", echo=False)
     assert [r["parent"] for r in ranks] == [named, named]
     assert {r["probe"] for r in ranks} == {"set after the server started"}
+    assert {r["debug"] for r in ranks} == {"DebugLevel.DETAIL"}  # not the server's (OFF)
     assert {r["cwd"] for r in ranks} == {str(tmp_path)} and all(r["on_path"] for r in ranks)
     assert forkserver.use_forkserver(None)  # a launch that does not ask forks too
 
@@ -97,6 +103,7 @@ def test_a_forked_rank_left_running_is_seen_though_it_descends_from_the_server_n
     worker's descendants cannot see, and that the record of started ranks finds."""
     from conftest import rank_processes, recording_ranks
 
+    assert shared_server.VARIABLE in os.environ, "tests/conftest.py named no shared fork server"
     named = json.loads(os.environ[shared_server.VARIABLE])["pid"]
     monkeypatch.setattr(distributed, "stop", lambda ranks: None)
     monkeypatch.setattr(waiting, "stop", lambda ranks: None)
@@ -108,7 +115,8 @@ def test_a_forked_rank_left_running_is_seen_though_it_descends_from_the_server_n
         assert not [p for p in rank_processes() if p.pid in {q.pid for q in alive}]  # the blind spot
     finally:
         for p in alive:
-            os.killpg(p.pid, 9)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(os.getsid(p.pid), signal.SIGKILL)
     deadline = time.monotonic() + 10
     while ranks.alive() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -132,6 +132,9 @@ def run(workdir: Path, rank: int) -> int:
         # only at what fn made, in milliseconds instead of 0.2 s a call.
         gc.freeze()
         _drain_before_destroy(dist)
+        # torch.distributed read TORCH_DISTRIBUTED_DEBUG when it was imported: in a forked rank that
+        # was the fork server's environment, not this launch's (set just before run)
+        dist.set_debug_level_from_env()
         payload = pickle.loads((workdir / "payload.pkl").read_bytes())
         # the launching process's import path, as multiprocessing's spawn gives its children
         sys.path[:] = payload["sys_path"] + [p for p in sys.path if p not in payload["sys_path"]]
