@@ -66,36 +66,34 @@ def _forks_here() -> bool:
 
 
 class StartedRanks:
-    """Every rank that ``launch`` started while it was recorded, by pid and start time.
+    """Every rank that ``launch`` started while it was recorded.
 
     A scan of this process's descendants misses forked ranks: their parent is the fork server,
     which the session's first process started (tests/conftest.py's pytest_configure), and their
     command line is the server's. Each rank leads a process session of its own (``os.setsid``), so
-    what it started lives on in that session, whoever reaps it.
+    what it started stays in that session, whoever reaps it (unless it made a session of its own:
+    launch's own stop() does not reach that either).
     """
 
     def __init__(self) -> None:
-        self.started: list[tuple[int, float | None]] = []
+        self.ranks: list[psutil.Process] = []  # psutil tells a reused pid from the rank itself
+        self.sessions: set[int] = set()
 
     def record(self, pid: int) -> None:
-        try:
-            created = psutil.Process(pid).create_time()
-        except psutil.NoSuchProcess:  # gone already; what it started would still be in its session
-            created = None
-        self.started.append((pid, created))
+        self.sessions.add(pid)
+        with contextlib.suppress(psutil.NoSuchProcess):  # gone already; its session is still checked
+            self.ranks.append(psutil.Process(pid))
 
     def alive(self) -> list[psutil.Process]:
         """The recorded ranks still running, and every process left in one of their sessions."""
         found = []
-        for pid, created in self.started:
+        for p in self.ranks:
             with contextlib.suppress(psutil.NoSuchProcess):
-                p = psutil.Process(pid)
-                if created is not None and p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
                     found.append(p)
-        sessions = {pid for pid, _ in self.started}
         for p in psutil.process_iter():
             with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError, PermissionError):
-                if (p.pid not in sessions and os.getsid(p.pid) in sessions
+                if (p.pid not in self.sessions and os.getsid(p.pid) in self.sessions
                         and p.status() != psutil.STATUS_ZOMBIE):
                     found.append(p)
         return found
@@ -120,13 +118,20 @@ def recording_ranks():
 
 @pytest.fixture
 def nothing_left_behind():
-    """Fails the test if it leaves a rank process (forked or not, and anything a rank started) or
-    any other child running."""
+    """Fails the test if it leaves a rank process (forked or not, and anything left in a rank's
+    session) or any other child running."""
     before = {p.pid for p in rank_processes()}
     with recording_ranks() as ranks:
         yield
     leftover = [p for p in rank_processes() if p.pid not in before] + ranks.alive()
+    # launch waits for each rank, not for what the rank started: a killed grandchild may still be
+    # exiting (slow is not stuck)
+    _, leftover = psutil.wait_procs(leftover, timeout=LEFTOVER_EXIT_S)
     assert leftover == [], f"processes left behind: {leftover}"
+
+
+#: how long a process that a rank started gets to finish exiting after launch returned
+LEFTOVER_EXIT_S = 5.0
 
 
 #: The longest scopes of `make test` (each notebook, each test module: pytest-xdist's --dist loadscope
