@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from course_utils import distributed
-from course_utils.distributed import LaunchTimeout, launch
+from course_utils.distributed import LaunchTimeout, RankError, launch
 from course_utils.launcher import forkserver, shared_server, waiting
 
 pytestmark = [pytest.mark.usefixtures("nothing_left_behind"),
@@ -56,6 +56,20 @@ def test_this_session_forks_every_rank_from_the_server_its_first_process_named(m
     assert {r["debug"] for r in ranks} == {"DebugLevel.DETAIL"}  # not the server's (OFF)
     assert {r["cwd"] for r in ranks} == {str(tmp_path)} and all(r["on_path"] for r in ranks)
     assert forkserver.use_forkserver(None)  # a launch that does not ask forks too
+
+
+def test_a_variable_torch_reads_as_it_loads_set_after_the_server_started_fails_a_forked_rank_clearly(
+        monkeypatch):
+    """The server's torch read it when it loaded; a forked rank would run with the old value."""
+    from course_utils.launcher.rank import READ_AT_LOAD
+
+    assert "TORCH_SHOW_CPP_STACKTRACES" in READ_AT_LOAD
+    value = "0" if os.environ.get("TORCH_SHOW_CPP_STACKTRACES") == "1" else "1"
+    monkeypatch.setenv("TORCH_SHOW_CPP_STACKTRACES", value)
+    with pytest.raises(RankError, match="TORCH_SHOW_CPP_STACKTRACES changed after the fork server "
+                                        "started.*pass start='subprocess'"):
+        launch(_who, 1, start="forkserver", echo=False)
+    assert launch(_who, 1, start="subprocess", echo=False)[0]["probe"] is None  # which reads it
 
 
 def test_the_first_name_is_kept_and_the_server_ends_with_the_process_that_named_it():

@@ -85,6 +85,12 @@ def _drain_before_destroy(dist: Any) -> None:
 
 #: how long ``destroy_process_group`` releases the GIL before destroying (see above)
 _DRAIN_S = 0.05
+#: variables torch's C++ side reads once, when torch loads: a forked rank keeps the fork server's
+#: values, whatever its launch's environment says (TORCH_DISTRIBUTED_DEBUG, read by Python, is
+#: applied again in ``run``)
+READ_AT_LOAD = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "TORCH_CPP_LOG_LEVEL",
+                "TORCH_SHOW_CPP_STACKTRACES", "TORCH_BLAS_PREFER_CUBLASLT",
+                "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")
 
 
 def forked(workdir: str, rank: int, env: dict[str, str]) -> None:
@@ -106,9 +112,10 @@ def forked(workdir: str, rank: int, env: dict[str, str]) -> None:
     os.close(log)
     sys.stdout.reconfigure(line_buffering=True, write_through=True)
     sys.stderr.reconfigure(line_buffering=True, write_through=True)
+    stale = [name for name in READ_AT_LOAD if os.environ.get(name) != env.get(name)]
     os.environ.clear()
     os.environ.update(env)
-    os._exit(run(Path(workdir), rank))
+    os._exit(run(Path(workdir), rank, stale))
 
 
 def main() -> None:
@@ -116,12 +123,21 @@ def main() -> None:
     os._exit(run(Path(sys.argv[1]), int(sys.argv[2])))
 
 
-def run(workdir: Path, rank: int) -> int:
-    """Join the group, run ``fn``, write the result, tear down; return the exit code."""
+def run(workdir: Path, rank: int, stale: list[str] | None = None) -> int:
+    """Join the group, run ``fn``, write the result, tear down; return the exit code.
+
+    ``stale``: variables of :data:`READ_AT_LOAD` whose value here differs from the launch's (a
+    forked rank's); the rank fails with what to do rather than run with the old value.
+    """
     _dump_stack_on_sigusr1(workdir, rank)
     result_path = workdir / f"rank{rank}.result"
     code = 0
     try:
+        if stale:
+            raise RuntimeError(
+                f"{', '.join(stale)} changed after the fork server started, and torch reads it only "
+                f"when it loads, so a forked rank cannot apply it: set it before this process's first "
+                f"launch, or pass start='subprocess' to launch (fresh interpreters read it)")
         import torch
         import torch.distributed as dist
 
