@@ -21,11 +21,13 @@ What it takes care of, because a notebook cannot:
   forked from a *fork server*: a clean process that ``multiprocessing`` starts once, which
   imports torch and those modules and does no torch compute, so forking it is safe. It never
   touches CUDA, so a forked rank may use a GPU (NCCL too): it initialises CUDA itself. A rank then
-  starts in a few hundredths of a second. On other systems, or with ``start="subprocess"``, every
-  rank is a fresh
-  ``python -m course_utils.launcher.rank``. The environment variable ``COURSE_START=subprocess``
-  makes that the start of every launch that does not pass ``start=`` (``make stress`` runs every
-  notebook so: the start that macOS and Windows learners get).
+  starts in a few hundredths of a second, with the launch's environment (``TORCH_DISTRIBUTED_DEBUG``
+  included); a variable torch reads only as it loads (``launcher.rank.READ_AT_LOAD``:
+  ``PYTORCH_CUDA_ALLOC_CONF``, ``TORCH_CPP_LOG_LEVEL``...) changed since the server started fails
+  the rank with what to do. On other systems, or with ``start="subprocess"``, every rank is a
+  fresh ``python -m course_utils.launcher.rank``. The environment variable
+  ``COURSE_START=subprocess`` makes that the start of every launch that does not pass ``start=``
+  (``make stress`` runs every notebook so: the start that macOS and Windows learners get).
 - **No port races.** The ranks meet through a ``FileStore``: a file in the launch's own temporary
   folder, removed when the launch ends. No port is taken, and no address is looked up (a
   ``TCPStore`` makes torch look up the name of every peer that connects, and a name server that
