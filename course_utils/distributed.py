@@ -77,14 +77,20 @@ def free_port() -> int:
 
 
 def rank_print(*values: Any, rank: int | None = None, only_rank: int | None = None) -> None:
-    """``print`` that prefixes the rank, or prints on ``only_rank`` alone (rank-0-only logging)."""
+    """``print`` on ``only_rank`` alone (rank-0-only logging), or on every rank.
+
+    The line goes out in one write. ``print`` writes each value and the newline separately, and
+    where output is unbuffered (torchrun's workers run with ``PYTHONUNBUFFERED=1``) each piece is
+    its own write to the pipe the ranks share, so another rank's line could land inside this one.
+    """
     import torch.distributed as dist
 
     if rank is None:
         rank = dist.get_rank() if dist.is_initialized() else 0
     if only_rank is not None and rank != only_rank:
         return
-    print(*values, flush=True)
+    sys.stdout.write(" ".join(map(str, values)) + "\n")
+    sys.stdout.flush()
 
 
 def _check_callable(fn: Any) -> None:

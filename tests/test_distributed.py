@@ -482,3 +482,27 @@ def test_launch_stops_the_processes_its_ranks_started(tmp_path, then):
     while not all(_dead(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(_dead(pid) for pid in pids), pids
+
+
+class _Writes:
+    def __init__(self):
+        self.calls = []
+
+    def write(self, text):
+        self.calls.append(text)
+
+    def flush(self):
+        pass
+
+
+def test_rank_print_writes_each_line_at_once(monkeypatch):
+    # torchrun's workers share one unbuffered pipe: print()'s separate writes of the text and the
+    # newline once let rank 0's line land inside rank 1's (CI, test_restarts)
+    from course_utils.distributed import rank_print
+
+    out = _Writes()
+    monkeypatch.setattr(sys, "stdout", out)
+    rank_print("step", 3, "done", rank=1)
+    rank_print("rank 0 only", rank=1, only_rank=0)
+    rank_print("rank 0 only", rank=0, only_rank=0)
+    assert out.calls == ["step 3 done\n", "rank 0 only\n"]

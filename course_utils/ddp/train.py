@@ -207,8 +207,8 @@ def main(argv: list[str] | None = None) -> None:
         result = train_resumable(rank, world_size, config, args.snapshot, args.snapshot_every, fault)
     if rank == 0:  # rank-0-only saving and printing
         torch.save(result["params"], args.out)
-        print(f"rank 0 of {world_size}: finished at step {result['steps']}, "
-              f"last loss {result['losses'][-1]:.4f}; parameters saved", flush=True)
+        rank_print(f"rank 0 of {world_size}: finished at step {result['steps']}, "
+                   f"last loss {result['losses'][-1]:.4f}; parameters saved", rank=rank)
     dist.barrier()
     del result
     gc.collect()

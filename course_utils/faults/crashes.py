@@ -25,6 +25,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from .._checks import check_positive_int
 from ..data import regression_dataset
+from ..distributed import rank_print
 from ..models import seeded
 from .snapshots import ResumableSampler, load_snapshot, save_snapshot, state_copy
 
@@ -126,7 +127,7 @@ class KillAt:
 
     def __call__(self, rank: int, global_step: int, attempt: int) -> None:
         if rank == self.rank and global_step == self.step and attempt == 0:
-            print(f"rank {rank}: SIGKILL to myself after step {global_step}", flush=True)
+            rank_print(f"rank {rank}: SIGKILL to myself after step {global_step}", rank=rank)
             os.kill(os.getpid(), signal.SIGKILL)
 
 
