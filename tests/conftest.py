@@ -6,7 +6,9 @@ Unit tests that plot select the Agg backend themselves.
 """
 
 import contextlib
+import json
 import os
+import signal
 
 import psutil
 import pytest
@@ -47,8 +49,55 @@ def pytest_configure(config):
     from course_utils.launcher import forkserver, shared_server
 
     forkserver.PRELOAD.extend(name for name in ("pytest", "psutil") if name not in forkserver.PRELOAD)
-    if not hasattr(config, "workerinput") and _forks_here():
-        shared_server.publish(forkserver.PRELOAD)
+    if not hasattr(config, "workerinput") and _forks_here() and shared_server.publish(forkserver.PRELOAD):
+        config.stash[_PUBLISHED] = json.loads(os.environ[shared_server.VARIABLE])["pid"]
+
+
+#: the pid of the fork server that this process started and named for the session
+_PUBLISHED = pytest.StashKey[int]()
+
+
+def ranks_left_on(server_pid: int, timeout: float) -> list[psutil.Process]:
+    """The children of ``server_pid`` still running after ``timeout`` seconds (zombies left out).
+
+    A fork server's children are the ranks it forked, whoever asked for them: a worker's test, a
+    notebook's kernel or a pytest a test started. nothing_left_behind sees only what the worker's
+    own launches start; this sees them all, once the session is over.
+    """
+    try:
+        children = psutil.Process(server_pid).children()
+    except psutil.NoSuchProcess:
+        return []
+    running = []
+    for p in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.status() != psutil.STATUS_ZOMBIE:
+                running.append(p)
+    return psutil.wait_procs(running, timeout=timeout)[1]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fails the session if the fork server it named still has a rank running at the end."""
+    server = session.config.stash.get(_PUBLISHED, None)
+    if server is None:
+        return
+    left = ranks_left_on(server, LEFTOVER_EXIT_S)
+    if not left:
+        return
+    described = []
+    for p in left:
+        with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+            described.append(f"pid {p.pid}, session {os.getsid(p.pid)}")
+            os.killpg(os.getsid(p.pid), signal.SIGKILL)  # a rank leads its session: all of it
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    message = (f"ranks left running on the session's fork server at the end (killed now): "
+               f"{'; '.join(described)}")
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_line(message, red=True)
+    else:
+        print(message)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _forks_here() -> bool:

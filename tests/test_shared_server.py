@@ -117,7 +117,7 @@ def test_a_forked_rank_left_running_is_seen_though_it_descends_from_the_server_n
     """What nothing_left_behind relies on (tests/conftest.py): a launch that did not stop its rank
     (stop() made a no-op here, in launch and in its wait) leaves a process that the scan of this
     worker's descendants cannot see, and that the record of started ranks finds."""
-    from conftest import rank_processes, recording_ranks
+    from conftest import rank_processes, ranks_left_on, recording_ranks
 
     assert shared_server.VARIABLE in os.environ, "tests/conftest.py named no shared fork server"
     named = json.loads(os.environ[shared_server.VARIABLE])["pid"]
@@ -129,6 +129,8 @@ def test_a_forked_rank_left_running_is_seen_though_it_descends_from_the_server_n
     try:
         assert [p.ppid() for p in alive] == [named]  # the rank, still sleeping, forked by the server
         assert not [p for p in rank_processes() if p.pid in {q.pid for q in alive}]  # the blind spot
+        # what the session's end checks (other workers' ranks may be running there too)
+        assert {p.pid for p in alive} <= {p.pid for p in ranks_left_on(named, 0)}
     finally:
         for p in alive:
             with contextlib.suppress(ProcessLookupError):
@@ -137,3 +139,36 @@ def test_a_forked_rank_left_running_is_seen_though_it_descends_from_the_server_n
     while ranks.alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ranks.alive() == []
+
+
+def test_the_session_end_check_lists_running_children_not_zombies_or_grandchildren():
+    """tests/conftest.py's ranks_left_on, on a plain process tree: a "server" that forks a child,
+    which forks a grandchild; the child is listed while it runs, not once it is a zombie."""
+    from conftest import ranks_left_on
+
+    code = ("import os, sys, time\n"
+            "child = os.fork()\n"
+            "if child == 0:\n"
+            "    if os.fork() == 0:\n"
+            "        time.sleep(60)\n"
+            "        os._exit(0)\n"
+            "    time.sleep(60)\n"
+            "    os._exit(0)\n"
+            "print(child, flush=True)\n"
+            "time.sleep(60)\n")
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        child = int(server.stdout.readline())
+        left = ranks_left_on(server.pid, 0.2)
+        assert [p.pid for p in left] == [child]
+        os.kill(child, signal.SIGKILL)  # the "server" never reaps it: a zombie
+        deadline = time.monotonic() + 10
+        while psutil.Process(child).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ranks_left_on(server.pid, 0) == []
+        assert ranks_left_on(2**22 + 12345, 0) == []  # a server that is gone: nothing to check
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        server.stdout.close()
