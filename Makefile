@@ -16,10 +16,17 @@ help: ## List the targets
 
 install: $(STAMP) ## Create .venv with the exact pins and course_utils (editable)
 
+# pip compiles what it installs to bytecode one file after another: installing requirements.txt
+# took 88 s (78 CPU-s) with that, 46 s without, and compiling site-packages afterwards on every core
+# 21 s (2 cores, 2026-11-28). The same bytecode, sooner. A file that does not compile on this Python
+# (torch ships one written for 3.12) is left out, as pip leaves it out.
+export COMPILE_ALL := import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path("purelib"), quiet=2, workers=0)
+
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else "Python 3.11+ is needed, found %d.%d" % v[:2])'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt
+	$(BIN)/python -c "$$COMPILE_ALL"
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@touch $@
 
@@ -137,10 +144,11 @@ CHROMIUM   := /usr/bin/chromium
 BOOK_PORT  ?= 8000
 .PHONY: book book-check book-serve book-browser book-clean
 
+# No bytecode compiled up front (see COMPILE_ALL): the book's build compiles what it imports, once.
 $(BOOK_STAMP): requirements-book.txt
 	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else "Python 3.11+ is needed, found %d.%d" % v[:2])'
 	$(PYTHON) -m venv $(BOOK_VENV)
-	$(BOOK_VENV)/bin/python -m pip install --quiet -r requirements-book.txt
+	$(BOOK_VENV)/bin/python -m pip install --quiet --no-compile -r requirements-book.txt
 	@touch $@
 
 # Debian's Chromium, and fonts for Korean, Japanese and Chinese (the translated editions, the
