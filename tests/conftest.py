@@ -87,8 +87,12 @@ def pytest_sessionfinish(session, exitstatus):
     described = []
     for p in left:
         with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
-            described.append(f"pid {p.pid}, session {os.getsid(p.pid)}")
-            os.killpg(os.getsid(p.pid), signal.SIGKILL)  # a rank leads its session: all of it
+            session_id = os.getsid(p.pid)
+            described.append(f"pid {p.pid}, session {session_id}")
+            if session_id == p.pid:  # a rank leads its own session: all of it goes
+                os.killpg(session_id, signal.SIGKILL)
+            else:  # forked, but not yet a rank: its session is still this one
+                p.kill()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     message = (f"ranks left running on the session's fork server at the end (killed now): "
                f"{'; '.join(described)}")
