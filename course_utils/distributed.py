@@ -19,8 +19,8 @@ What it takes care of, because a notebook cannot:
 - **Fast starts.** A fresh interpreter spends about 1.2 s importing torch, and DDP's first
   construction about 1.5 s more importing ``torch._dynamo``. On Linux, ranks are therefore
   forked from a *fork server*: a clean process that ``multiprocessing`` starts once, which
-  imports torch and those modules and does no torch compute, so forking it is safe. It never
-  touches CUDA, so a forked rank may use a GPU (NCCL too): it initialises CUDA itself. A rank then
+  imports torch and those modules and does no torch compute, so forking it is safe. Its imports
+  do not initialise CUDA, so a forked rank may use a GPU (NCCL too): it initialises CUDA itself. A rank then
   starts in a few hundredths of a second, with the launch's environment (``TORCH_DISTRIBUTED_DEBUG``
   included); a variable torch reads only as it loads (``launcher.rank.READ_AT_LOAD``:
   ``PYTORCH_CUDA_ALLOC_CONF``, ``TORCH_CPP_LOG_LEVEL``...) changed since the server started fails
