@@ -3,11 +3,12 @@
 A fresh interpreter spends about 1.2 s importing torch, and DDP's first construction about 1.5 s
 more importing ``torch._dynamo``. On Linux, ranks are therefore forked from a clean process that
 ``multiprocessing`` starts once, which imports those modules and does no torch compute, so forking
-it is safe (fork after torch compute can deadlock the child). Its imports call no function of
-``torch.cuda`` either (``tests/test_preload_cuda.py`` watches every call they make), so a forked
-rank initialises CUDA itself, as a fresh interpreter would: GPU machines fork their ranks too,
-NCCL's included (on 2026-11-27 every notebook and the gpu tests passed so on an H100, in about
-half the time they took with fresh interpreters).
+it is safe (fork after torch compute can deadlock the child). Its imports do not initialise CUDA
+either: of ``torch.cuda`` they may call only ``_is_compiled``, which asks the build, not the driver
+(``tests/test_preload_cuda.py`` watches every call they make), so a forked rank initialises CUDA
+itself, as a fresh interpreter would: GPU machines fork their ranks too, NCCL's included (on
+2026-11-27 every notebook and the gpu tests passed so on an H100, in about half the time they took
+with fresh interpreters).
 
 Where forking is unavailable (macOS, Windows), ranks start as fresh interpreters.
 The environment variable ``COURSE_START=subprocess`` gives every launch that start on any machine,

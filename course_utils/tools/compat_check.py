@@ -118,8 +118,8 @@ def prepare(torch_version: str, log) -> Path:
     if not python.exists():
         _run([sys.executable, "-m", "venv", str(env)], log)
     if not stamp.exists() or stamp.read_text() != stamp_text:
-        # --no-compile: pip would compile all of torch and the pins to bytecode (about 40 CPU-s on 2
-        # cores, while CI's other steps wait for the CPU); the runs compile what they import, once
+        # --no-compile: pip would compile all of torch and the pins to bytecode (about 40 CPU-s here on
+        # 2026-11-28, while CI's other steps wait for the CPU); the runs compile what they import, once
         pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-compile"]
         _run(pip + [f"torch=={torch_version}"], log)
         other = env / "requirements-without-torch.txt"
