@@ -18,6 +18,11 @@ ALL = bank("all")
 MARGIN_S = 1.0
 #: the tests run every looping answer with this limit: the mechanism is the same for any limit
 SHORT_S = 0.2
+#: a check stopped at its limit comes back within this, its untimed work included (the course's
+#: reference computations, imports): a bound for a hang, not a speed (speed is make bench's). The
+#: limit itself is checked on the check's timed seconds (``time_limit._LAST.used``): on a busy
+#: machine the untimed part alone took over a second (1.3 s for 02.2 in a kernel, 2026-11-28)
+COMES_BACK_S = 30.0
 #: the limit of the test that runs a looping answer to each exercise: every check reaches the answer
 #: within 6 ms of its start (measured; 01.3's own untimed work aside), and each second of the limit
 #: is a second of a core spent looping, for the 37 checks that run in this process
@@ -113,7 +118,8 @@ def test_the_stop_comes_at_the_exercise_own_limit():
     start = time.monotonic()
     result = verdict(ex, _namespace(ex, looping))
     seconds = time.monotonic() - start
-    assert ex.time_limit - 0.05 <= seconds < ex.time_limit + MARGIN_S
+    assert ex.time_limit - 0.05 <= seconds < COMES_BACK_S
+    assert ex.time_limit - 0.05 <= time_limit._LAST.used < ex.time_limit + MARGIN_S
     assert f"after {ex.time_limit:g} s" in result.hint
 
 
@@ -123,7 +129,8 @@ def test_an_answer_that_catches_exceptions_is_stopped_all_the_same():
            "        except Exception:\n            pass\n")
     start = time.monotonic()
     result = verdict(ex, _namespace(ex, "import time\n" + src))
-    assert time.monotonic() - start < SHORT_S + MARGIN_S
+    assert time.monotonic() - start < COMES_BACK_S
+    assert time_limit._LAST.used < SHORT_S + MARGIN_S
     assert "stopped" in result.hint
 
 
@@ -136,14 +143,15 @@ def test_outside_the_main_thread_the_check_stops_the_answer_too():
     worker = threading.Thread(target=lambda: found.append((verdict(ex, answer), time_limit._LAST.alarm)))
     start = time.monotonic()
     worker.start()
-    worker.join(10)
-    assert time.monotonic() - start < SHORT_S + MARGIN_S
+    worker.join(COMES_BACK_S)
+    assert time.monotonic() - start < COMES_BACK_S
+    assert time_limit._LAST.used < SHORT_S + MARGIN_S
     result, used_alarm = found[0]
     assert not used_alarm and "stopped" in result.hint
     solution = _namespace(ex, ex.solution)
     worker = threading.Thread(target=lambda: found.append(verdict(ex, solution)))
     worker.start()
-    worker.join(10)
+    worker.join(COMES_BACK_S)
     assert found[-1].right
 
 
@@ -202,13 +210,15 @@ def test_in_a_jupyter_kernel_the_alarm_stops_the_answer(tmp_path):
         "def chunk_sizes(batch, devices):\n    while True:\n        pass",
         f"start = time.monotonic()\n"
         f"result = verdict(dataclasses.replace(find('02.2'), time_limit={SHORT_S}), chunk_sizes)\n"
-        "print(round(time.monotonic() - start, 1), time_limit._LAST.alarm, result.hint[:30])",
+        "print(round(time.monotonic() - start, 1), round(time_limit._LAST.used, 1), time_limit._LAST.alarm,"
+        " result.hint[:30])",
         "print(verdict('02.2', lambda b, d: [min(-(-b // d), b - s) for s in range(0, b, -(-b // d))]))",
     )])
     error, _ = run_in_memory(nb, tmp_path, timeout_s=120)
     assert error == "", error
-    seconds, used_alarm, hint = nb.cells[2].outputs[0]["text"].split(" ", 2)
-    assert float(seconds) < SHORT_S + MARGIN_S and used_alarm == "True", nb.cells[2].outputs
+    seconds, used, used_alarm, hint = nb.cells[2].outputs[0]["text"].split(" ", 3)
+    assert float(seconds) < COMES_BACK_S and float(used) < SHORT_S + MARGIN_S, nb.cells[2].outputs
+    assert used_alarm == "True", nb.cells[2].outputs
     assert hint.startswith("the check stopped")
     assert "(implement): right" in nb.cells[3].outputs[0]["text"]
 
