@@ -12,7 +12,7 @@ import torch
 
 from ..debugging.hangs import HANG_FRESH_S  # noqa: F401 - the notebook's allowance (tests/test_debugging.py)
 from .answers import real
-from .core import load_bank
+from .core import load_bank, untimed
 from .nb12_local import (  # the judges that run no ranks
     NO_GRAD_MODELS,
     SHARD_CASES,
@@ -84,7 +84,9 @@ def _evaluation_plan(evaluate_and_report: Any) -> Plan:
         value = real(results[0]["value"])
         if results[0]["value"] is None:
             return "rank 0 should return the accuracy over the whole set (it returned None)"
-        if value is None or abs(value - drawn_accuracy(seed)) > 1e-6:
+        with untimed():  # the course's own reference
+            accuracy = drawn_accuracy(seed)
+        if value is None or abs(value - accuracy) > 1e-6:
             return (f"with {world_size} ranks, rank 0 returned {results[0]['value']!r}, not the accuracy "
                     "over the whole set: each rank must evaluate its own shard, so that together they "
                     "cover every row")
@@ -124,7 +126,8 @@ def _order_plan(sync_step: Any) -> Plan:
 def _join_plan(train_my_shard: Any) -> Plan:
     from course_utils.debugging.training_bugs import small_model, uneven_reference
 
-    size = sum(p.numel() for p in small_model().parameters())
+    with untimed():  # the course's own model: only the answer's time counts
+        size = sum(p.numel() for p in small_model().parameters())
     for counts in JOIN_CASES:
         results, hint = yield (join_rank, len(counts), train_my_shard, counts)
         if hint:
@@ -136,8 +139,10 @@ def _join_plan(train_my_shard: Any) -> Plan:
         if any(r["reduced"] is not None and r["reduced"] < size for r in results):
             return ("a rank ran no all-reduce of the gradients: the ranks must train together under DDP, "
                     "each on its own batches, not on the others' batches computed alone")
-        if not any(_max_diff(weights[0], uneven_reference(counts, mode)) < 1e-6
-                   for mode in ("join", "equal")):
+        with untimed():  # the course's own references
+            reached = any(_max_diff(weights[0], uneven_reference(counts, mode)) < 1e-6
+                          for mode in ("join", "equal"))
+        if not reached:
             return ("the ranks finished, but not with the weights that training on their batches gives: "
                     "keep every batch (Join) or drop only the batches that not every rank has")
     return None
@@ -159,7 +164,9 @@ def _accumulation_plan(accumulation_step: Any) -> Plan:
         if any(_max_diff(weights[0], w) > 1e-7 for w in weights[1:]):
             return ("the ranks ended with different weights: their gradients were not all-reduced "
                     "after the last micro-batch (only the backward that syncs is averaged)")
-        if _max_diff(weights[0], accumulation_reference(world_size, k, micro, steps)) > 1e-5:
+        with untimed():  # the course's own reference
+            reference = accumulation_reference(world_size, k, micro, steps)
+        if _max_diff(weights[0], reference) > 1e-5:
             return (f"with k = {k} micro-batches the ranks agree, but did not move as one big batch "
                     "would: each micro-batch's loss is a mean over its rows, so the k accumulated "
                     "gradients add up to k times the mean")
@@ -187,7 +194,8 @@ def _saving_plan(save_and_load: Any) -> Plan:
         cases = []
         for i, delay in enumerate(SAVE_DELAYS_S):  # a launch each: a hang ends one
             path = os.path.join(folder, f"model{i}.pt")
-            torch.save(seeded_weights(99), path)  # last run's checkpoint, still there
+            with untimed():  # last run's checkpoint, still there: the course's own file
+                torch.save(seeded_weights(99), path)
             results, hint = yield (saving_rank, 2, save_and_load, path, delay)
             if hint and _TORN.search(hint):
                 return (f"{hint.split(':')[0]} reading the checkpoint while rank 0 was still writing it "
@@ -210,7 +218,9 @@ def _saved_hint(delay: float, results: list[dict]) -> str | None:
     def same(a: dict | None, b: dict) -> bool:
         return a is not None and sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in b)
 
-    saved, stale = seeded_weights(0), seeded_weights(99)
+    with untimed():  # the course's own weights
+        saved, stale = seeded_weights(0), seeded_weights(99)
+        own = [seeded_weights(rank) for rank in range(len(results))]
     if any(r["wrote"] for r in results[1:]):
         return ("only rank 0 writes the checkpoint: ranks that write one file at once can leave it "
                 "torn, and every copy but one is wasted")
@@ -227,7 +237,7 @@ def _saved_hint(delay: float, results: list[dict]) -> str | None:
             return (f"return the weights read from the file, a state_dict (rank {rank} returned "
                     "another thing)")
         if not same(result["weights"], saved):
-            if same(result["weights"], seeded_weights(rank)):
+            if same(result["weights"], own[rank]):
                 return (f"rank {rank} returned its own weights: every rank must return what rank 0 "
                         "saved, read back from the checkpoint")
             return f"rank {rank} did not return the weights rank 0 saved"
