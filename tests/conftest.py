@@ -51,6 +51,28 @@ def pytest_configure(config):
     forkserver.PRELOAD.extend(name for name in ("pytest", "psutil") if name not in forkserver.PRELOAD)
     if not hasattr(config, "workerinput") and _forks_here() and shared_server.publish(forkserver.PRELOAD):
         config.stash[_PUBLISHED] = json.loads(os.environ[shared_server.VARIABLE])["pid"]
+    if os.environ.get(shared_server.VARIABLE) and not forkserver.fresh_starts():
+        _fork_kernels()
+
+
+def _fork_kernels():
+    """The notebooks' kernels (nbval's, and those of tests that run a notebook) fork from the
+    session's fork server, which has imported torch and the course's modules: each fresh kernel
+    imported them itself, about 3 CPU-s (course_utils/launcher/kernel.py). Not under fresh starts
+    (COURSE_START=subprocess): make stress validates every notebook in fresh kernels."""
+    from jupyter_client.provisioning import local_provisioner
+
+    from course_utils.launcher import kernel
+
+    start = local_provisioner.launch_kernel
+    if getattr(start, "forks_kernels", False):
+        return
+
+    def launch_kernel(cmd, **kwargs):
+        return start(kernel.command(cmd), **kwargs)
+
+    launch_kernel.forks_kernels = True
+    local_provisioner.launch_kernel = launch_kernel
 
 
 #: the pid of the fork server that this process started and named for the session
@@ -61,8 +83,9 @@ def ranks_left_on(server_pid: int, timeout: float) -> list[psutil.Process]:
     """The children of ``server_pid`` still running after ``timeout`` seconds (zombies left out).
 
     A fork server's children are the ranks it forked, whoever asked for them: a worker's test, a
-    notebook's kernel or a pytest a test started. nothing_left_behind sees only what the worker's
-    own launches start; this sees them all, once the session is over.
+    notebook's kernel or a pytest a test started; and the notebooks' kernels (_fork_kernels).
+    nothing_left_behind sees only what the worker's own launches start; this sees them all, once the
+    session is over.
     """
     try:
         children = psutil.Process(server_pid).children()
@@ -77,7 +100,7 @@ def ranks_left_on(server_pid: int, timeout: float) -> list[psutil.Process]:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Fails the session if the fork server it named still has a rank running at the end."""
+    """Fails the session if the fork server it named still has a rank (or a kernel) running at the end."""
     server = session.config.stash.get(_PUBLISHED, None)
     if server is None:
         return
@@ -89,12 +112,12 @@ def pytest_sessionfinish(session, exitstatus):
         with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
             session_id = os.getsid(p.pid)
             described.append(f"pid {p.pid}, session {session_id}")
-            if session_id == p.pid:  # a rank leads its own session: all of it goes
+            if session_id == p.pid:  # a rank (or a kernel) leads its own session: all of it goes
                 os.killpg(session_id, signal.SIGKILL)
             else:  # forked, but not yet a rank: its session is still this one
                 p.kill()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    message = (f"ranks left running on the session's fork server at the end (killed now): "
+    message = (f"ranks or kernels left running on the session's fork server at the end (killed now): "
                f"{'; '.join(described)}")
     if reporter is not None:
         reporter.ensure_newline()

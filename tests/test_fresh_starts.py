@@ -1,13 +1,14 @@
 """Every English notebook as on another machine (``make stress``): the start that macOS and Windows
 learners get, and another CPU's kernels.
 
-Off Linux, ``launch`` starts each rank as a fresh interpreter
-instead of forking it from the fork server. ``COURSE_START=subprocess`` gives every launch that
-start here; this test runs nbval over ``notebooks/`` with it set, in a pytest of its own (the
-kernels inherit the variable), and checks that every notebook was collected, every cell passed,
-and that ranks really were fresh interpreters (``python -m course_utils.launcher.rank`` processes,
-seen while the notebooks ran). It runs on every core, as ``make nbval`` does. The same run uses
-PyTorch's portable CPU kernels (``ATEN_CPU_CAPABILITY=default``): a stored output that only one
+Off Linux, ``launch`` starts each rank as a fresh interpreter instead of forking it from the fork
+server. ``COURSE_START=subprocess`` gives every launch that start here; this test runs nbval over
+``notebooks/`` with it set, in a pytest of its own (the kernels inherit the variable), and checks
+that every notebook was collected, every cell passed, and that ranks really were fresh interpreters
+(``python -m course_utils.launcher.rank`` processes, seen while the notebooks ran). The kernels are
+fresh interpreters too, as a learner's are (``make test`` forks its kernels from its fork server:
+``course_utils/launcher/kernel.py``). It runs on every core, as ``make nbval`` does. The same run
+uses PyTorch's portable CPU kernels (``ATEN_CPU_CAPABILITY=default``): a stored output that only one
 CPU's kernels print (a rounding residue) fails here, whichever CPU wrote it; this is CI's second
 nbval pass over the notebooks (``make nbval-portable`` runs it alone, with the usual start).
 """
@@ -27,6 +28,8 @@ from course_utils.launcher.forkserver import START_VARIABLE
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
 FRESH_RANK = "course_utils.launcher.rank"
+#: a fresh kernel's module, and the stand-in of a kernel forked from make test's fork server
+FRESH_KERNEL, FORKED_KERNEL = "ipykernel_launcher", "course_utils.launcher.kernel"
 #: PyTorch's portable CPU kernels instead of the ones this processor would pick (AVX-512, AVX2)
 PORTABLE_KERNELS = {"ATEN_CPU_CAPABILITY": "default"}
 #: the whole run's limit: the notebooks took about 8 minutes on 2 cores shared with other work
@@ -34,11 +37,13 @@ LIMIT_S = 1800
 
 
 class RankWatcher(threading.Thread):
-    """Collects the process ids of fresh-interpreter ranks among a process's descendants."""
+    """Collects the process ids of fresh-interpreter ranks among a process's descendants, and of
+    its kernels: fresh ones (``ipykernel_launcher``), and the stand-ins of forked ones."""
 
     def __init__(self, root: psutil.Process) -> None:
         super().__init__(daemon=True)
         self.root, self.seen, self.done = root, set(), threading.Event()
+        self.kernels: dict[str, set[int]] = {FRESH_KERNEL: set(), FORKED_KERNEL: set()}
 
     def run(self) -> None:
         while not self.done.wait(0.3):
@@ -48,8 +53,12 @@ class RankWatcher(threading.Thread):
                 return
             for p in children:
                 try:
-                    if FRESH_RANK in p.cmdline():
+                    command = p.cmdline()
+                    if FRESH_RANK in command:
                         self.seen.add(p.pid)
+                    for kind, pids in self.kernels.items():
+                        if kind in command:
+                            pids.add(p.pid)
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     pass
 
@@ -86,3 +95,6 @@ def test_every_notebook_passes_nbval_with_fresh_interpreter_ranks(tmp_path):
     assert run.returncode == 0, tail
     # the launches of notebooks 05, 10 and 12 (and their checks) start fresh interpreters
     assert len(watcher.seen) >= 10, f"fresh-interpreter ranks seen: {len(watcher.seen)}\n{tail}"
+    # and every notebook ran in a fresh kernel, as a learner's does (make test forks them)
+    kernels = {kind: len(pids) for kind, pids in watcher.kernels.items()}
+    assert kernels[FORKED_KERNEL] == 0 and kernels[FRESH_KERNEL] >= len(NOTEBOOKS), kernels

@@ -11,6 +11,8 @@ from ``course_utils.faults.torchrun``.
   fallback to fresh interpreters;
 - ``shared_server``: one fork server for a whole test session (``make test``, ``make compat``),
   named in ``COURSE_FORKSERVER``;
+- ``kernel``: ``make test``'s notebook kernels, forked from that server (a stand-in process passes
+  Jupyter's signals on);
 - ``processes``: results, stopping a rank and its children, the stacks of stuck ranks;
 - ``waiting``: waiting for the ranks, the rank to blame when one fails (``RankError``), what a
   timeout reports (``LaunchTimeout``);
