@@ -71,8 +71,11 @@ def _gone(pid, timeout=15.0):
     return True
 
 
-def test_only_this_python_s_ipykernel_is_replaced():
+def test_only_this_python_s_ipykernel_is_replaced(tmp_path):
     rest = ["-f", "{connection_file}"]
+    other_env = tmp_path / "python"  # another venv's python: a link to the same interpreter
+    other_env.symlink_to(os.path.realpath(sys.executable))
+    assert kernel.command([str(other_env), "-m", "ipykernel_launcher", *rest])[0] == str(other_env)
     assert kernel.command([sys.executable, "-m", "ipykernel_launcher", *rest]) == [
         sys.executable, "-m", kernel.MODULE, *rest]
     assert kernel.command(["/no/such/python", "-m", "ipykernel_launcher", *rest])[0] == "/no/such/python"

@@ -42,7 +42,9 @@ def command(cmd: list[str]) -> list[str]:
     if len(cmd) < 3 or list(cmd[1:3]) != ["-m", "ipykernel_launcher"]:
         return list(cmd)
     found = shutil.which(cmd[0])
-    if found is None or os.path.realpath(found) != os.path.realpath(sys.executable):
+    # the same folder, not the same file: another venv's python links to the same interpreter
+    here = os.path.dirname(os.path.abspath(sys.executable))
+    if found is None or os.path.dirname(os.path.abspath(found)) != here:
         return list(cmd)
     return [sys.executable, "-m", MODULE, *cmd[3:]]
 
