@@ -18,8 +18,9 @@ from course_utils.launcher import kernel, shared_server
 PROBE = ("import json, os, sys, multiprocessing as mp\n"
          "print(json.dumps({'torch': 'torch' in sys.modules, 'ppid': os.getppid(), 'pid': os.getpid(),"
          " 'leads_session': os.getsid(0) == os.getpid(), 'name': mp.current_process().name,"
-         " 'parent': mp.parent_process() is not None, 'path': sys.path[:3], 'cwd': os.getcwd(),"
-         " 'argv0': os.path.basename(sys.argv[0]), 'mark': os.environ.get('KERNEL_TEST_MARK')}))")
+         " 'parent': mp.parent_process() is not None, 'path': sys.path, 'cwd': os.getcwd(),"
+         " 'argv0': os.path.basename(sys.argv[0]), 'mark': os.environ.get('KERNEL_TEST_MARK'),"
+         " 'numpy_draw': __import__('numpy').random.randint(2**31)}))")
 
 
 def _run(client, code, timeout=60):
@@ -100,9 +101,18 @@ def test_a_forked_kernel_looks_to_its_cells_as_a_fresh_one_does(started, tmp_pat
     assert seen["leads_session"] and seen["name"] == "MainProcess" and not seen["parent"]
     assert seen["cwd"] == str(tmp_path) and seen["mark"] == "passed on"
     assert seen["argv0"] == "ipykernel_launcher.py"
-    assert str(tmp_path) not in seen["path"]  # ipykernel_launcher takes the folder off sys.path
+    # the path of a fresh interpreter started in that folder, less the folder itself, which
+    # ipykernel_launcher takes off (IPython then adds '' in a fresh kernel and a forked one alike)
+    fresh = subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"],
+                           cwd=tmp_path, capture_output=True, text=True, check=True)
+    expected = json.loads(fresh.stdout)
+    assert [p for p in seen["path"] if p][:len(expected)] == expected, (seen["path"], expected)
+    assert str(tmp_path) not in seen["path"]
     out, errors, status = _run(client, "import numpy, matplotlib.pyplot as plt\nprint(plt.get_backend())")
     assert (errors, status) == ([], "ok") and "inline" in out
+    # a second kernel forked from the same server draws other numbers from NumPy's global generator
+    _, other = started()
+    assert json.loads(_run(other, PROBE)[0])["numpy_draw"] != seen["numpy_draw"]
 
 
 def test_an_interrupt_reaches_the_kernel_and_it_goes_on(started):
@@ -118,12 +128,18 @@ def test_an_interrupt_reaches_the_kernel_and_it_goes_on(started):
     assert (out.strip(), errors, status) == ("42", [], "ok")
 
 
-def test_a_kernel_shut_down_exits_and_one_killed_takes_its_children_with_it(started):
+def test_a_kernel_that_ends_or_is_shut_down_or_killed_leaves_nothing_behind(started):
     manager, client = started()
     pid = json.loads(_run(client, PROBE)[0])["pid"]
     stand_in = manager.provisioner.process
-    manager.shutdown_kernel()  # a shutdown request: the kernel ends, and its stand-in with 0
-    assert _gone(pid) and stand_in.wait(15) == 0
+    client.execute("import os\nos._exit(3)")  # the kernel ends: its stand-in with the same code
+    assert _gone(pid) and stand_in.wait(30) == 3
+
+    manager, client = started()
+    pid = json.loads(_run(client, PROBE)[0])["pid"]
+    stand_in = manager.provisioner.process
+    manager.shutdown_kernel()  # a request, then (on a machine too busy to answer in time) a kill
+    assert _gone(pid) and stand_in.wait(30) is not None
 
     manager, client = started()
     pid = json.loads(_run(client, PROBE)[0])["pid"]
