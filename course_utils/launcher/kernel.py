@@ -12,8 +12,10 @@ exits. If the stand-in dies (Jupyter kills its process group when a kernel will 
 the kernel sees its pipe close and kills its own process group, as that kill would have.
 
 The kernel itself runs ``ipykernel_launcher`` as ``python -m`` would, in a session of its own, with
-NumPy's global random generator seeded afresh. A learner never gets one: nothing
-outside a test session names a server, and with no server named, or fresh starts asked for
+NumPy's global random generator seeded afresh. What differs from a fresh kernel: the server's
+modules (torch, the course's rank modules, pytest and psutil) are loaded before the first cell, and
+the kernel shares the server's seed for string hashes. A learner never gets one: nothing outside a
+test session names a server, and with no server named, or fresh starts asked for
 (``COURSE_START=subprocess``: ``make stress`` validates every notebook so, in fresh kernels), the
 stand-in becomes an ordinary kernel (it ``exec``\\ s ``ipykernel_launcher``).
 """
@@ -109,7 +111,7 @@ def main(args: list[str]) -> int:
         kernel.join(1.0)
         if os.getppid() != parent:  # Jupyter's process ended: a fresh kernel's poller would see it
             return 1  # and so does the kernel, as this process ends (``_die_with``)
-    code = kernel.exitcode if kernel.exitcode is not None else 1
+    code = kernel.exitcode
     if code < 0:  # killed by a signal: so is the stand-in, for whoever waits on it
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
