@@ -135,6 +135,12 @@ def test_a_kernel_that_ends_or_is_shut_down_or_killed_leaves_nothing_behind(star
     client.execute("import os\nos._exit(3)")  # the kernel ends: its stand-in with the same code
     assert _gone(pid) and stand_in.wait(30) == 3
 
+    manager, client = started()  # killed (the system's out-of-memory killer, say): its stand-in too
+    pid = json.loads(_run(client, PROBE)[0])["pid"]
+    stand_in = manager.provisioner.process
+    client.execute("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert _gone(pid) and stand_in.wait(30) == -signal.SIGKILL
+
     manager, client = started()
     pid = json.loads(_run(client, PROBE)[0])["pid"]
     stand_in = manager.provisioner.process

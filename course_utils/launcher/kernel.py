@@ -113,7 +113,8 @@ def main(args: list[str]) -> int:
             return 1  # and so does the kernel, as this process ends (``_die_with``)
     code = kernel.exitcode
     if code < 0:  # killed by a signal: so is the stand-in, for whoever waits on it
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # these two have no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
 
