@@ -53,6 +53,10 @@ def pytest_configure(config):
         config.stash[_PUBLISHED] = json.loads(os.environ[shared_server.VARIABLE])["pid"]
     if os.environ.get(shared_server.VARIABLE) and not forkserver.fresh_starts():
         _fork_kernels()
+    if config.pluginmanager.hasplugin("nbval"):  # as tests/early_plugin.py, which a bare pytest lacks
+        from tests.early_plugin import kernels_over_socket_files
+
+        kernels_over_socket_files()
 
 
 def _fork_kernels():

@@ -7,12 +7,15 @@ server. ``COURSE_START=subprocess`` gives every launch that start here; this tes
 that every notebook was collected, every cell passed, and that ranks really were fresh interpreters
 (``python -m course_utils.launcher.rank`` processes, seen while the notebooks ran). The kernels are
 fresh interpreters too, as a learner's are (``make test`` forks its kernels from its fork server:
-``course_utils/launcher/kernel.py``). It runs on every core, as ``make nbval`` does. The same run
-uses PyTorch's portable CPU kernels (``ATEN_CPU_CAPABILITY=default``): a stored output that only one
-CPU's kernels print (a rounding residue) fails here, whichever CPU wrote it; this is CI's second
-nbval pass over the notebooks (``make nbval-portable`` runs it alone, with the usual start).
+``course_utils/launcher/kernel.py``), reached through socket files (``tests/early_plugin.py``; over
+TCP, a rank's connection once took a kernel's port here). It runs on every core, as ``make nbval``
+does. The same run uses PyTorch's portable CPU kernels (``ATEN_CPU_CAPABILITY=default``): a stored
+output that only one CPU's kernels print (a rounding residue) fails here, whichever CPU wrote it;
+this is CI's second nbval pass over the notebooks (``make nbval-portable`` runs it alone, with the
+usual start).
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -44,6 +47,7 @@ class RankWatcher(threading.Thread):
         super().__init__(daemon=True)
         self.root, self.seen, self.done = root, set(), threading.Event()
         self.kernels: dict[str, set[int]] = {FRESH_KERNEL: set(), FORKED_KERNEL: set()}
+        self.transports: dict[int, str] = {}  # a fresh kernel's, from its connection file
 
     def run(self) -> None:
         while not self.done.wait(0.3):
@@ -59,7 +63,10 @@ class RankWatcher(threading.Thread):
                     for kind, pids in self.kernels.items():
                         if kind in command:
                             pids.add(p.pid)
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    if FRESH_KERNEL in command and p.pid not in self.transports and "-f" in command:
+                        info = json.loads(Path(command[command.index("-f") + 1]).read_text())
+                        self.transports[p.pid] = info["transport"]
+                except (psutil.NoSuchProcess, psutil.AccessDenied, OSError, ValueError):  # ended meanwhile
                     pass
 
 
@@ -67,8 +74,10 @@ class RankWatcher(threading.Thread):
 def test_every_notebook_passes_nbval_with_fresh_interpreter_ranks(tmp_path):
     assert len(NOTEBOOKS) >= 11, NOTEBOOKS
     report = tmp_path / "nbval.xml"
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "auto",
-               "--dist", "loadscope", "--no-loadscope-reorder", f"--junitxml={report}", "notebooks"]
+    # tests/early_plugin.py, as make nbval loads it: the kernels get socket files, not TCP ports
+    command = [sys.executable, "-m", "pytest", "-p", "tests.early_plugin", "-p", "no:cacheprovider", "-q",
+               "-n", "auto", "--dist", "loadscope", "--no-loadscope-reorder", f"--junitxml={report}",
+               "notebooks"]
     env = {**os.environ, START_VARIABLE: "subprocess", **PORTABLE_KERNELS}
     run = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True)
@@ -98,3 +107,6 @@ def test_every_notebook_passes_nbval_with_fresh_interpreter_ranks(tmp_path):
     # and every notebook ran in a fresh kernel, as a learner's does (make test forks them)
     kernels = {kind: len(pids) for kind, pids in watcher.kernels.items()}
     assert kernels[FORKED_KERNEL] == 0 and kernels[FRESH_KERNEL] >= len(NOTEBOOKS), kernels
+    # reached through socket files, which no rank's connection can take (tests/early_plugin.py)
+    transports = sorted(watcher.transports.values())
+    assert len(transports) >= len(NOTEBOOKS) and set(transports) == {"ipc"}, transports

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import BRANCH, REPO
+from .kernels import kernel_manager_class
 
 __all__ = [
     "SETUP_SOURCE",
@@ -154,6 +155,7 @@ def execute_notebook(path: str | Path, *, timeout: int = 600) -> float:
         nb,
         timeout=timeout,
         kernel_name="python3",
+        kernel_manager_class=kernel_manager_class(),
         record_timing=False,
         resources={"metadata": {"path": str(path.parent.resolve())}},
     )
@@ -203,6 +205,7 @@ def run_in_memory(nb: Any, folder: str | Path, timeout_s: float) -> tuple[str, f
     if not Path(folder).is_dir():
         raise NotADirectoryError(f"folder must be an existing directory, got {folder!r}")
     client = NotebookClient(nb, timeout=int(timeout_s) + 1, kernel_name="python3", record_timing=False,
+                            kernel_manager_class=kernel_manager_class(),
                             resources={"metadata": {"path": str(Path(folder).resolve())}})
 
     async def execute() -> None:  # the whole notebook, not just each cell, within timeout_s
