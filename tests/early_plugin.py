@@ -8,9 +8,10 @@ notebooks (``-p tests.early_plugin``), before pytest's plugins, nbval among them
    nothing in the course checks an IRI, so jsonschema goes without (it skips a format whose module
    cannot be imported). Kernels, ranks and JupyterLab are not pytest processes: unaffected.
 2. nbval's kernels are reached through socket files instead of TCP ports that a rank's connection
-   can take before the kernel binds them (``course_utils/tools/kernels.py`` says how that killed a
-   kernel once). ``tests/conftest.py`` does the same wherever it is loaded (a bare ``pytest tests``);
-   this plugin reaches the runs that collect only ``notebooks/``.
+   can take before the kernel binds them (``course_utils/tools/kernels.py`` says why a taken port
+   ends a kernel, and when ``make stress`` saw a kernel end so). ``tests/conftest.py`` does the
+   same wherever it is loaded (a bare ``pytest tests``); this plugin reaches the runs that collect
+   only ``notebooks/``.
 """
 
 import sys

@@ -11,7 +11,7 @@ kernel cannot bind it and exits, and nbval reports "Kernel died before replying 
 (``tests/test_kernel_sockets.py`` takes a port so and gets that error). ``make stress`` reported
 exactly that once, on 2026-11-28, for notebook 00 of its fresh-interpreter pass while other
 notebooks' ranks ran; the kernel's own error was not kept, and a taken port is the cause known
-to end a kernel there. Where ZeroMQ has Unix sockets (Linux, macOS), these kernels use them
+to end a kernel there. On Linux and macOS, where ZeroMQ has Unix sockets, these kernels use them
 instead: each kernel's sockets are files under a name of its own, which no connection can take.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import tempfile
 import uuid
 from typing import Any
@@ -40,8 +41,8 @@ def _socket_base() -> str:
 def kernel_manager_class(asynchronous: bool = True) -> type[Any]:
     """jupyter_client's ``AsyncKernelManager`` (nbclient's; with ``asynchronous=False`` the
     blocking ``KernelManager``, nbval's), whose kernels use Unix sockets (ZeroMQ's ``ipc``
-    transport) named by :func:`_socket_base`; the class itself (TCP) where ZeroMQ has no Unix
-    sockets (Windows) or the temporary folder's path is too long for one. nbclient needs the
+    transport) named by :func:`_socket_base`. The class itself (TCP) on Windows, where ZeroMQ has
+    no Unix sockets, or where the temporary folder's path is too long for one. nbclient needs the
     asynchronous one: with a blocking client, waiting for a kernel's output holds its event loop,
     and a notebook's time limit never fires."""
     import zmq
@@ -49,7 +50,7 @@ def kernel_manager_class(asynchronous: bool = True) -> type[Any]:
     from traitlets import default
 
     base = AsyncKernelManager if asynchronous else KernelManager
-    if not zmq.has("ipc") or len(_socket_base()) > _MAX_PATH:
+    if sys.platform == "win32" or not zmq.has("ipc") or len(_socket_base()) > _MAX_PATH:
         return base
 
     class SocketFileKernelManager(base):  # type: ignore[misc,valid-type]
