@@ -5,10 +5,12 @@ Also the two habits every notebook starts with: seeding everything, and choosing
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import random
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +26,7 @@ __all__ = [
     "device_report",
     "in_colab",
     "pick_device",
+    "random_state_kept",
     "seed_everything",
 ]
 
@@ -212,6 +215,25 @@ def seed_everything(seed: int) -> None:
     else:
         np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device, lazily
+
+
+@contextlib.contextmanager
+def random_state_kept() -> Iterator[None]:
+    """Inside, code may seed or draw from Python's, NumPy's and torch's global generators; on the
+    way out each is where it was (torch's GPU generators too, once CUDA is initialised). An
+    exercise's check runs so: the learner's next random numbers do not depend on having run it."""
+    import numpy as np
+
+    python, numpy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def pick_device(index: int | None = None) -> torch.device:

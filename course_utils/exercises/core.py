@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..env import random_state_kept
 from .answer_cells import _execute, _unattempted
 from .evidence import calls_recorded, changed, snapshot
 from .time_limit import _Stopped, _within_limit, untimed
@@ -229,7 +230,8 @@ def verdict(key: str | Exercise, answer: Any) -> Verdict:
         return Verdict(ex.key, ex.kind, "not yet",
                        f"{ex.answer} must stay a function, got {type(answer).__name__}")
     try:
-        hint = _within_limit(ex.time_limit, ex.judge, answer)
+        with random_state_kept():  # a judge seeds what it draws: the learner's generators stay as they were
+            hint = _within_limit(ex.time_limit, ex.judge, answer)
     except NotImplementedError:
         return Verdict(ex.key, ex.kind, "not attempted yet", _TODO[ex.kind])
     except _Stopped:
