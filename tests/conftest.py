@@ -54,7 +54,7 @@ def pytest_configure(config):
     if os.environ.get(shared_server.VARIABLE) and not forkserver.fresh_starts():
         _fork_kernels()
     if config.pluginmanager.hasplugin("nbval"):  # as tests/early_plugin.py, which a bare pytest lacks
-        from tests.early_plugin import kernels_over_socket_files
+        from early_plugin import kernels_over_socket_files  # tests/ is on sys.path, as for every test module
 
         kernels_over_socket_files()
 

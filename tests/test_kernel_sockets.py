@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -103,3 +104,14 @@ def test_make_execute_compat_and_gpu_check_start_their_kernels_so(tmp_path, monk
     assert [m.transport for m in made] == ["ipc", "ipc"]
     assert [glob.glob(m.ip + "-*") for m in made] == [[], []]  # nbclient stopped them: files removed
 
+
+
+def test_the_hook_loads_when_pytest_runs_from_outside_the_repository(tmp_path):
+    """As make compat runs its launch tests (from the temporary folder, the repository named by
+    -c and --rootdir): tests/conftest.py must find tests/early_plugin.py there too."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider",
+                           "-c", str(root / "pyproject.toml"), "--rootdir", str(root),
+                           str(root / "tests" / "test_kernel_sockets.py")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "INTERNALERROR" not in done.stdout, done.stdout[-2000:]
