@@ -7,12 +7,12 @@ server. ``COURSE_START=subprocess`` gives every launch that start here; this tes
 that every notebook was collected, every cell passed, and that ranks really were fresh interpreters
 (``python -m course_utils.launcher.rank`` processes, seen while the notebooks ran). The kernels are
 fresh interpreters too, as a learner's are (``make test`` forks its kernels from its fork server:
-``course_utils/launcher/kernel.py``), reached through socket files (``tests/early_plugin.py``; over
-TCP, a rank's connection once took a kernel's port here). It runs on every core, as ``make nbval``
-does. The same run uses PyTorch's portable CPU kernels (``ATEN_CPU_CAPABILITY=default``): a stored
-output that only one CPU's kernels print (a rounding residue) fails here, whichever CPU wrote it;
-this is CI's second nbval pass over the notebooks (``make nbval-portable`` runs it alone, with the
-usual start).
+``course_utils/launcher/kernel.py``), reached through socket files (``tests/early_plugin.py``: over
+TCP, a kernel here once died before its first reply, as a port taken from it makes one). It runs on
+every core, as ``make nbval`` does. The same run uses PyTorch's portable CPU kernels
+(``ATEN_CPU_CAPABILITY=default``): a stored output that only one CPU's kernels print (a rounding
+residue) fails here, whichever CPU wrote it; this is CI's second nbval pass over the notebooks
+(``make nbval-portable`` runs it alone, with the usual start).
 """
 
 import json

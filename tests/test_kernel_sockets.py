@@ -20,8 +20,8 @@ from jupyter_client.provisioning import local_provisioner
 
 from course_utils.tools import kernels, nbtools
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32" or not zmq.has("ipc"),
-                                reason="Windows, or a ZeroMQ without Unix sockets: the kernels use TCP")
+needs_socket_files = pytest.mark.skipif(sys.platform == "win32" or not zmq.has("ipc"),
+                                        reason="Windows, or a ZeroMQ without Unix sockets: TCP kernels")
 
 
 def _shut(manager, client=None):
@@ -31,6 +31,7 @@ def _shut(manager, client=None):
         manager.shutdown_kernel(now=True)
 
 
+@needs_socket_files
 def test_nbval_and_the_course_tools_make_kernels_that_use_socket_files():
     blocking, asynchronous = kernels.kernel_manager_class(asynchronous=False), kernels.kernel_manager_class()
     assert nbval.kernel.KernelManager is blocking  # tests/conftest.py (and tests/early_plugin.py) set it
@@ -65,6 +66,7 @@ def test_over_tcp_a_port_taken_before_the_kernel_binds_it_kills_the_kernel(monke
         _shut(manager, client)
 
 
+@needs_socket_files
 def test_a_kernel_over_socket_files_runs_a_notebook_and_leaves_no_file_behind(tmp_path):
     from nbclient import NotebookClient
 
@@ -84,6 +86,7 @@ def test_a_kernel_over_socket_files_runs_a_notebook_and_leaves_no_file_behind(tm
     assert glob.glob(seen["ip"] + "-*") == []  # removed when the kernel shut down
 
 
+@needs_socket_files
 def test_make_execute_compat_and_gpu_check_start_their_kernels_so(tmp_path, monkeypatch):
     """nbtools.run_in_memory (make compat, make gpu-check) and nbtools.execute_notebook (make execute)."""
     made = []
