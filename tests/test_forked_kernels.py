@@ -15,8 +15,9 @@ from jupyter_client.provisioning import local_provisioner
 
 from course_utils.launcher import kernel, shared_server
 
-PROBE = ("import json, os, sys, multiprocessing as mp\n"
+PROBE = ("import gc, json, os, sys, multiprocessing as mp\n"
          "print(json.dumps({'torch': 'torch' in sys.modules, 'ppid': os.getppid(), 'pid': os.getpid(),"
+         " 'frozen': gc.get_freeze_count(),"
          " 'leads_session': os.getsid(0) == os.getpid(), 'name': mp.current_process().name,"
          " 'parent': mp.parent_process() is not None, 'path': sys.path, 'cwd': os.getcwd(),"
          " 'argv0': os.path.basename(sys.argv[0]), 'mark': os.environ.get('KERNEL_TEST_MARK'),"
@@ -98,6 +99,7 @@ def test_a_forked_kernel_looks_to_its_cells_as_a_fresh_one_does(started, tmp_pat
     server = json.loads(os.environ[shared_server.VARIABLE])["pid"]
     stand_in = manager.provisioner.process.pid
     assert seen["torch"] and seen["ppid"] == server and seen["pid"] != stand_in  # forked: torch loaded
+    assert seen["frozen"] > 100_000  # the server's objects, frozen out of the kernel's collector
     assert seen["leads_session"] and seen["name"] == "MainProcess" and not seen["parent"]
     assert seen["cwd"] == str(tmp_path) and seen["mark"] == "passed on"
     assert seen["argv0"] == "ipykernel_launcher.py"

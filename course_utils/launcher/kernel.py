@@ -13,8 +13,9 @@ the kernel sees its pipe close and kills its own process group, as that kill wou
 
 The kernel itself runs ``ipykernel_launcher`` as ``python -m`` would, in a session of its own, with
 NumPy's global random generator seeded afresh. What differs from a fresh kernel: the server's
-modules (torch, the course's rank modules, pytest and psutil) are loaded before the first cell, and
-the kernel shares the server's seed for string hashes. A learner never gets one: nothing outside a
+modules (torch, the course's rank modules, pytest and psutil) are loaded before the first cell and
+frozen out of the collector's way (``gc.freeze``), and the kernel shares the server's seed for
+string hashes. A learner never gets one: nothing outside a
 test session names a server, and with no server named, or fresh starts asked for
 (``COURSE_START=subprocess``: ``make stress`` validates every notebook so, in fresh kernels), the
 stand-in becomes an ordinary kernel (it ``exec``\\ s ``ipykernel_launcher``).
@@ -129,6 +130,7 @@ def _die_with(alive: int) -> None:
 def _kernel(args: list[str], env: dict[str, str], streams: list[int | None], alive: int) -> None:
     """In the forked process: become the kernel that ``python -m ipykernel_launcher`` would be."""
     import atexit
+    import gc
     import itertools
     import multiprocessing.process
     import runpy
@@ -153,6 +155,9 @@ def _kernel(args: list[str], env: dict[str, str], streams: list[int | None], ali
     multiprocessing.process._process_counter = itertools.count(1)
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
+    # the server's modules (about 300,000 objects) stay for the kernel's life: out of its collector's
+    # way, or each full collection spends some 0.15 CPU-s on them (measured), and writes to their pages
+    gc.freeze()
     sys.argv = [sys.argv[0], *args]
     code: Any = 0
     try:
