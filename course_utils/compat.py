@@ -26,6 +26,15 @@ And what differs on Windows, whose torch builds lack libuv, which a ``TCPStore``
 - ``run_torchrun_without_libuv``: torchrun's agent, with its rendezvous stores made without
   libuv. torchrun offers no option for those stores (``USE_LIBUV=0`` reaches other stores only),
   so ``course_utils.faults.torchrun`` runs the agent through this on Windows.
+
+What ``torch.cuda`` does before CUDA starts is private to it, and the course reaches into it in one
+place, here:
+
+- ``pending_gpu_generators`` / ``restore_gpu_generators``: ``env.random_state_kept`` keeps what
+  CUDA will do to the GPU generators when it starts. Until then ``torch.manual_seed`` (which seeds
+  every GPU too, even on a machine without one) and ``torch.cuda``'s seeding calls are queued: the
+  latest seed of each kind in a tracker, other calls in a list, the same in 2.11, 2.13 and 2.14.
+  Where a release keeps them otherwise, nothing is kept or put back.
 """
 
 from __future__ import annotations
@@ -38,8 +47,8 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["COLLECTIVE_NAMES", "FLIGHT_RECORDER_DUMPS", "all_gather_single", "analyzer_reads_gloo",
-           "collective_name", "dump_flight_recorder", "flight_recorder_dump_name", "queue_backward_callback",
-           "reduce_scatter_single",
+           "collective_name", "dump_flight_recorder", "flight_recorder_dump_name", "pending_gpu_generators",
+           "queue_backward_callback", "reduce_scatter_single", "restore_gpu_generators",
            "run_torchrun_without_libuv", "stores_without_libuv", "tcp_store_options", "torch_release"]
 
 #: The flat-tensor collectives: torch 2.13's name, and the name every earlier release uses.
@@ -168,3 +177,38 @@ def run_torchrun_without_libuv() -> None:
     from torch.distributed.run import main
 
     main()
+
+
+#: the tracker's attributes: the latest seed of all GPUs, that of the current one, and their order
+_LAZY_SEEDS = ("manual_seed_all_cb", "manual_seed_cb", "call_order")
+
+
+def pending_gpu_generators() -> tuple | None:
+    """The tracker, what it holds now, and the queued calls now (call before CUDA starts)."""
+    tracker = getattr(torch.cuda, "_lazy_seed_tracker", None)
+    calls = getattr(torch.cuda, "_queued_calls", None)
+    if not isinstance(calls, list) or not all(hasattr(tracker, name) for name in _LAZY_SEEDS):
+        return None
+    tracked = [tracker.manual_seed_all_cb, tracker.manual_seed_cb, list(tracker.call_order)]
+    return tracker, tracked, list(calls)
+
+
+def _queued_generator_call(entry: tuple) -> bool:
+    return getattr(entry[0], "__module__", None) == "torch.cuda.random"  # a seed or a state, queued
+
+
+def restore_gpu_generators(tracker: Any, tracked: list, calls: list) -> None:
+    """Back to what :func:`pending_gpu_generators` saw. If CUDA has not started, what was queued
+    since is taken back. If it started since, it applied what was queued then: every GPU's generator
+    starts again from the seed CUDA gives a new generator (a new CPU generator's seed too), then what
+    was queued before runs again, in the order CUDA runs it (the queued calls, then the tracker's)."""
+    if not torch.cuda.is_initialized():
+        for name, value in zip(_LAZY_SEEDS, tracked, strict=True):
+            setattr(tracker, name, value)
+        before = {id(entry) for entry in calls}
+        torch.cuda._queued_calls[:] = [entry for entry in torch.cuda._queued_calls
+                                       if id(entry) in before or not _queued_generator_call(entry)]
+        return
+    torch.cuda.manual_seed_all(torch.Generator().initial_seed())
+    for entry in [entry for entry in calls if _queued_generator_call(entry)] + [c for c in tracked[2] if c]:
+        entry[0]()

@@ -220,12 +220,20 @@ def seed_everything(seed: int) -> None:
 @contextlib.contextmanager
 def random_state_kept() -> Iterator[None]:
     """Inside, code may seed or draw from Python's, NumPy's and torch's global generators; on the
-    way out each is where it was (torch's GPU generators too, once CUDA is initialised). An
-    exercise's check runs so: the learner's next random numbers do not depend on having run it."""
+    way out each is where it was, torch's GPU generators too. An exercise's check runs so: the
+    learner's next random numbers do not depend on having run it.
+
+    Before CUDA starts, torch only queues what is done to the GPU generators (``torch.manual_seed``
+    queues a seed for every GPU, even on a machine without one) and applies it when CUDA starts: so
+    what was queued inside is taken back, and if CUDA started inside, every GPU's generator starts
+    again as CUDA starts it, with what the learner had queued applied (``compat.restore_gpu_generators``)."""
     import numpy as np
+
+    from .compat import pending_gpu_generators, restore_gpu_generators
 
     python, numpy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    queued = pending_gpu_generators() if cuda is None else None
     try:
         yield
     finally:
@@ -234,6 +242,8 @@ def random_state_kept() -> Iterator[None]:
         torch.set_rng_state(cpu)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
+        elif queued is not None:
+            restore_gpu_generators(*queued)
 
 
 def pick_device(index: int | None = None) -> torch.device:

@@ -64,3 +64,47 @@ def test_a_check_whose_judge_seeds_leaves_the_learners_draws_as_they_were(key, m
     _seed_all()
     assert run_source(key, solution).right
     assert not _same_draws(_draws(), expected)
+
+
+def _queued_for_the_gpus():
+    """What CUDA would apply to the GPU generators when it starts: the seeds torch.cuda tracks and
+    its queued calls of torch.cuda.random (by identity)."""
+    calls = [id(e) for e in torch.cuda._queued_calls
+             if getattr(e[0], "__module__", None) == "torch.cuda.random"]
+    return [id(c) for c in torch.cuda._lazy_seed_tracker.call_order], calls
+
+
+@pytest.mark.skipif(torch.cuda.is_initialized(), reason="CUDA has started in this process: nothing is queued")
+def test_what_a_check_queues_for_the_gpus_before_cuda_starts_is_taken_back(monkeypatch):
+    """torch.manual_seed queues a seed for every GPU until CUDA starts, even on a machine without
+    one: a judge's seed would be what the learner's GPUs start from."""
+    torch.manual_seed(7)  # the learner's
+    learners = _queued_for_the_gpus()
+    assert any(learners[0])
+    assert run_source("03.1", find("03.1").solution).right
+    assert _queued_for_the_gpus() == learners
+    monkeypatch.setattr(core, "random_state_kept", contextlib.nullcontext)
+    assert run_source("03.1", find("03.1").solution).right
+    assert _queued_for_the_gpus()[0] != learners[0]  # the judge's seed is queued in its place
+
+
+def test_if_cuda_starts_inside_every_gpu_generator_starts_again_then_the_learners_queue_applies(monkeypatch):
+    """Without a GPU, with stand-ins for CUDA's start and for the learner's queued calls
+    (tests/test_gpu.py runs it on a GPU)."""
+    applied = []
+
+    def queued(name):
+        def call():
+            applied.append(name)
+
+        call.__module__ = "torch.cuda.random"
+        return call, []
+
+    monkeypatch.setattr(torch.cuda._lazy_seed_tracker, "call_order", [None, queued("the learner's seed")])
+    monkeypatch.setattr(torch.cuda, "_queued_calls", [queued("the learner's state"), (object, [])])
+    started = iter([False, True])  # not when the check begins; by the time it ends
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: next(started))
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", applied.append)
+    with env.random_state_kept():
+        pass
+    assert applied == [torch.Generator().initial_seed(), "the learner's state", "the learner's seed"]

@@ -314,3 +314,21 @@ def test_every_torch_nn_parallel_name_the_gpu_branches_call_exists():
     assert names, "the pattern found no call at all"
     missing = [(file, name) for file, name in sorted(names) if not hasattr(torch.nn.parallel, name)]
     assert missing == []
+
+
+@pytest.mark.skipif(torch.cuda.is_initialized(), reason="CUDA has started in this process: nothing is queued")
+def test_what_torch_queues_for_the_gpus_before_cuda_starts_is_found_and_put_back():
+    """compat reaches into torch.cuda's private queue of seeds (env.random_state_kept): make compat
+    runs this on each release, so a release that keeps it elsewhere fails here, not silently."""
+    def latest():
+        return [id(call) for call in torch.cuda._lazy_seed_tracker.call_order]
+
+    torch.manual_seed(3)  # queues a seed for every GPU, even without one
+    pending = compat.pending_gpu_generators()
+    assert pending is not None
+    kept = latest()
+    torch.manual_seed(4)
+    torch.cuda.manual_seed(5)
+    assert latest() != kept
+    compat.restore_gpu_generators(*pending)
+    assert latest() == kept

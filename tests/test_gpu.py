@@ -14,6 +14,8 @@ mantissa would give differences of about 1e-3.
 import copy
 import gc
 import math
+import subprocess
+import sys
 
 import psutil
 import pytest
@@ -365,3 +367,34 @@ def test_torchrun_restart_under_nccl_resumes_bitwise(n, tmp_path):
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     assert left == []
+
+
+# ------------------------------------------------------------- a check and the GPU generators
+
+GPU_DRAWS = """
+import sys, torch
+from course_utils import env
+seeded, check = sys.argv[1] == "seeded", sys.argv[2]
+if seeded:
+    torch.manual_seed(0)  # the learner's seed, queued until CUDA starts
+if check != "none":
+    with env.random_state_kept():  # what a check does around its judge
+        torch.manual_seed(1)
+        if check == "starts CUDA":
+            torch.randn(2, device="cuda")
+print(torch.randn(4, device="cuda").tolist())
+"""
+
+
+@pytest.mark.parametrize("n", [pytest.param(1, marks=needs_gpus(1), id="1gpu")])
+def test_a_check_leaves_the_gpu_generators_as_the_learner_left_them(n):
+    """Seeded or not, a check before CUDA starts, or one that starts it, changes none of the
+    learner's next draws on the GPU (each case in a fresh process: CUDA starts once a process)."""
+    def draws(seeded, check):
+        done = subprocess.run([sys.executable, "-c", GPU_DRAWS, seeded, check], capture_output=True,
+                              text=True, timeout=300, check=True)
+        return done.stdout.strip()
+
+    for seeded in ("seeded", "unseeded"):
+        alone = draws(seeded, "none")
+        assert [draws(seeded, check) for check in ("before CUDA", "starts CUDA")] == [alone, alone], seeded

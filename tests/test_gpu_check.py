@@ -37,6 +37,7 @@ BRANCHES = {
     "launch with NCCL: the ddp.demos": "test_ddp_demos_under_nccl",
     "launch with NCCL: train_ddp": "test_train_ddp_under_nccl_equals_the_cpu_reference",
     "torchrun with NCCL and a restart": "test_torchrun_restart_under_nccl_resumes_bitwise",
+    "a check and the GPU generators": "test_a_check_leaves_the_gpu_generators_as_the_learner_left_them",
 }
 NO_GPU = "this machine has a GPU: there the gpu tests run (make gpu-check) instead of skipping"
 
