@@ -102,10 +102,14 @@ def kill_tree(process: Any) -> None:
     """SIGKILL ``process``'s session and every descendant, even those in sessions of their own.
 
     torchrun starts each worker in a new session, so killing the agent's session alone would
-    leave its workers running (and holding the output pipe open).
+    leave its workers running (and holding the output pipe open). The session is stopped first
+    (SIGSTOP, where there is one): an agent that started a worker after the descendants were
+    listed left that worker running (seen once, a timeout during start-up on a busy machine).
     """
     import psutil  # here, not at the top: a rank imports this module for RankResult
 
+    if hasattr(signal, "SIGSTOP"):
+        signal_session(process, signal.SIGSTOP)  # its processes start nothing more; SIGKILL ends them
     try:
         descendants = psutil.Process(process.pid).children(recursive=True)
     except psutil.Error:
