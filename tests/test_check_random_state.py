@@ -90,7 +90,7 @@ def test_what_a_check_queues_for_the_gpus_before_cuda_starts_is_taken_back(monke
 
 def test_if_cuda_starts_inside_every_gpu_generator_starts_again_then_the_learners_queue_applies(monkeypatch):
     """Without a GPU, with stand-ins for CUDA's start and for the learner's queued calls
-    (tests/test_gpu.py runs it on a GPU)."""
+    (tests/test_gpu.py compares draws on a real GPU)."""
     applied = []
 
     def queued(name):

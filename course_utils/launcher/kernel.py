@@ -15,10 +15,10 @@ The kernel itself runs ``ipykernel_launcher`` as ``python -m`` would, in a sessi
 NumPy's global random generator seeded afresh. What differs from a fresh kernel: the server's
 modules (torch, the course's rank modules, pytest and psutil) are loaded before the first cell and
 frozen out of the collector's way (``gc.freeze``), and the kernel shares the server's seed for
-string hashes. A learner never gets one: nothing outside a
-test session names a server, and with no server named, or fresh starts asked for
-(``COURSE_START=subprocess``: ``make stress`` validates every notebook so, in fresh kernels), the
-stand-in becomes an ordinary kernel (it ``exec``\\ s ``ipykernel_launcher``).
+string hashes. A learner never gets one: nothing outside a test session names a server, and with
+no server named, or fresh starts asked for (``COURSE_START=subprocess``: ``make stress`` validates
+every notebook so, in fresh kernels), the stand-in becomes an ordinary kernel (it ``exec``\\ s
+``ipykernel_launcher``).
 """
 
 from __future__ import annotations
