@@ -10,6 +10,7 @@ import gc
 import json
 import os
 import signal
+import time
 
 import psutil
 import pytest
@@ -204,6 +205,32 @@ def recording_ranks():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(distributed, "RankHandle", Recorded)
         yield ranks
+
+
+def stopped_once_hung(launch_with_timeout, first_timeout_s: float, hung_in: str, tries: int = 3):
+    """The LaunchTimeout of the first try whose ranks had all reached ``hung_in`` when it came.
+
+    ``launch_with_timeout(timeout_s)`` must raise LaunchTimeout. Slow is not stuck: on a busy
+    machine a fresh rank can still be importing torch, or making its group, when the timeout
+    comes, and its stack then shows that instead of the hang. Such a try says nothing about how a
+    hang is stopped, so it is made again with twice the time; after ``tries`` tries the test fails.
+    Returns ``(error, timeout_s, wall_s)`` of the try that counted.
+    """
+    from course_utils.distributed import LaunchTimeout
+
+    timeout_s, seen = first_timeout_s, []
+    for _ in range(tries):
+        began = time.monotonic()
+        with pytest.raises(LaunchTimeout) as info:
+            launch_with_timeout(timeout_s)
+        wall_s = time.monotonic() - began
+        stacks = info.value.stacks
+        if stacks and all(any(f"in {hung_in}" in line for line in stack) for stack in stacks.values()):
+            return info.value, timeout_s, wall_s
+        seen.append(f"{timeout_s} s: " + " | ".join(f"rank {r}: {stack[-1].strip()}"
+                                                  for r, stack in sorted(stacks.items()) if stack))
+        timeout_s *= 2
+    pytest.fail(f"no try reached {hung_in} on every rank (innermost lines: {seen})")
 
 
 @pytest.fixture
