@@ -207,14 +207,17 @@ def recording_ranks():
         yield ranks
 
 
-def stopped_once_hung(launch_with_timeout, first_timeout_s: float, hung_in: str, tries: int = 3):
-    """The LaunchTimeout of the first try whose ranks had all reached ``hung_in`` when it came.
+def stopped_once_hung(launch_with_timeout, first_timeout_s: float, hung_in: dict[int, str],
+                      tries: int = 3):
+    """The LaunchTimeout of the first try that stopped the ranks where they hang.
 
-    ``launch_with_timeout(timeout_s)`` must raise LaunchTimeout. Slow is not stuck: on a busy
-    machine a fresh rank can still be importing torch, or making its group, when the timeout
-    comes, and its stack then shows that instead of the hang. Such a try says nothing about how a
-    hang is stopped, so it is made again with twice the time; after ``tries`` tries the test fails.
-    Returns ``(error, timeout_s, wall_s)`` of the try that counted.
+    ``launch_with_timeout(timeout_s)`` must raise LaunchTimeout; ``hung_in`` maps each rank that
+    the program leaves stuck to a function its stack must then be in (the ranks left out must have
+    finished). Slow is not stuck: on a busy machine a rank can still be importing torch, making its
+    group or computing when the timeout comes, and its stack then shows that instead of the hang.
+    Such a try says nothing about how a hang is stopped, so it is made again with twice the time;
+    after ``tries`` tries the test fails. Returns ``(error, timeout_s, wall_s)`` of the try that
+    counted.
     """
     from course_utils.distributed import LaunchTimeout
 
@@ -225,12 +228,13 @@ def stopped_once_hung(launch_with_timeout, first_timeout_s: float, hung_in: str,
             launch_with_timeout(timeout_s)
         wall_s = time.monotonic() - began
         stacks = info.value.stacks
-        if stacks and all(any(f"in {hung_in}" in line for line in stack) for stack in stacks.values()):
+        if set(stacks) == set(hung_in) and all(
+                any(line.endswith(f" in {name}") for line in stacks[rank]) for rank, name in hung_in.items()):
             return info.value, timeout_s, wall_s
-        seen.append(f"{timeout_s} s: " + " | ".join(f"rank {r}: {stack[-1].strip()}"
-                                                  for r, stack in sorted(stacks.items()) if stack))
+        seen.append(f"{timeout_s} s: " + " | ".join(f"rank {r}: {stack[-1].strip() if stack else ''}"
+                                                  for r, stack in sorted(stacks.items())))
         timeout_s *= 2
-    pytest.fail(f"no try reached {hung_in} on every rank (innermost lines: {seen})")
+    pytest.fail(f"no try stopped the ranks in {hung_in} (innermost lines: {seen})")
 
 
 @pytest.fixture

@@ -124,7 +124,7 @@ def test_contract_a_hang_is_stopped_at_the_timeout_with_stacks(mode, start):
     first_s = 4 if start == "forkserver" else 8  # fresh interpreters: time to reach the hang
     error, timeout_s, wall_s = stopped_once_hung(
         lambda t: launch(fns["block_in_collective"], 2, 1, init=init, start=start, timeout_s=t),
-        first_s, "block_in_collective")
+        first_s, {0: "all_reduce", 1: "block_in_collective"})
     assert re.search(rf"did not finish within {timeout_s} s: rank\(s\) \[0, 1\]", str(error))
     assert wall_s < timeout_s + 15
     stacks = error.stacks

@@ -133,8 +133,11 @@ def test_a_forked_rank_left_running_is_seen_though_it_descends_from_the_server_n
         assert {p.pid for p in alive} <= {p.pid for p in ranks_left_on(named, 0)}
     finally:
         for p in alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(os.getsid(p.pid), signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
+                if os.getsid(p.pid) == p.pid:  # the rank leads its own session: all of it goes
+                    os.killpg(p.pid, signal.SIGKILL)
+                else:  # forked, not yet in its own session: its group is not the rank's to kill
+                    p.kill()
     deadline = time.monotonic() + 10
     while ranks.alive() and time.monotonic() < deadline:
         time.sleep(0.05)
