@@ -158,7 +158,9 @@ def stacks_of(stuck: list[RankHandle], wait_s: float = STACKS_WAIT_S) -> dict[in
     while asked and time.monotonic() < deadline:
         time.sleep(STACKS_POLL_S)
         now = {r.rank: r.stack.stat().st_size if r.stack.exists() else 0 for r in asked}
-        if all(now.values()) and now == sizes:  # every dump written, and none still growing
+        # every dump written, none still growing, and each down to the launcher's own frame (the
+        # main thread's outermost), so that a rank descheduled halfway through is waited for
+        if all(now.values()) and now == sizes and all(_reaches_the_launcher(r) for r in asked):
             break
         sizes = now
     found = {}
@@ -168,6 +170,13 @@ def stacks_of(stuck: list[RankHandle], wait_s: float = STACKS_WAIT_S) -> dict[in
         except FileNotFoundError:
             pass
     return found
+
+
+def _reaches_the_launcher(r: RankHandle) -> bool:
+    try:
+        return 'rank.py", line' in r.stack.read_text(errors="replace")
+    except FileNotFoundError:
+        return False
 
 
 _FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
