@@ -220,6 +220,32 @@ def test_run_broken_runs_on_gloo_where_launch_would_pick_nccl(monkeypatch, capsy
         "group 0, collective #1: rank 0 ran gloo:all_reduce [[2]] NOT DONE; rank 1 ran (nothing)")
 
 
+def test_a_run_stopped_before_the_ranks_entered_the_program_is_run_again_longer(monkeypatch, capsys):
+    """Slow is not stuck: a rank still starting (importing torch) when the limit comes is not
+    where the program hangs; run_broken runs it again with twice the limit, HANG_TRIES runs at
+    most, and reports the run that counted. Here the ranks are stood in for: the first two runs
+    stop rank 1 before it entered the program."""
+    frame = '  File "zoo.py", line 3, in {}'
+    starting = hangs.Hang({0: [frame.format("eval_on_rank_0_only")], 1: [frame.format("<module>")]}, {})
+    inside = hangs.Hang({0: [frame.format("eval_on_rank_0_only"), frame.format("all_reduce")]}, {})
+    limits = []
+
+    def stand_in(limit, fn, args, world_size):
+        limits.append(limit)
+        return f"within {limit:g} s", (starting if len(limits) < 3 else inside)
+
+    monkeypatch.setattr(hangs, "_stopped_after", stand_in)
+    monkeypatch.setattr(hangs, "launch", lambda *args, **kwargs: [0, 1])  # the warm-up
+    assert hangs.run_broken(failure_zoo.eval_on_rank_0_only) is inside
+    first = hangs.hang_limit()
+    assert limits == [first, 2 * first, 4 * first] and hangs.HANG_TRIES == 3
+    assert capsys.readouterr().out.splitlines() == [
+        f"LaunchTimeout: within {4 * first:g} s", "  rank 0 was in eval_on_rank_0_only -> all_reduce"]
+    limits.clear()  # the last run is reported even if a rank is still starting: it is evidence too
+    monkeypatch.setattr(hangs, "HANG_TRIES", 2)
+    assert hangs.run_broken(failure_zoo.eval_on_rank_0_only) is starting and len(limits) == 2
+
+
 def test_the_hang_limit_is_longer_where_ranks_are_fresh_interpreters(monkeypatch):
     from course_utils.launcher import forkserver
 

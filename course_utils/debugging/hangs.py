@@ -22,7 +22,8 @@ from ..distributed import LaunchTimeout, launch
 from ..launcher.forkserver import fresh_starts
 from .flight_recorder import read_flight_records, recording_flight
 
-__all__ = ["HANG_FRESH_S", "HANG_S", "ZOO_BACKEND", "Hang", "hang_limit", "run_broken", "where_stuck"]
+__all__ = ["HANG_FRESH_S", "HANG_S", "HANG_TRIES", "ZOO_BACKEND", "Hang", "hang_limit", "run_broken",
+           "where_stuck"]
 
 #: The backend of every broken program, on every machine. gloo's collectives block the calling
 #: thread until they complete, so a stuck rank waits at the collective that does not match, where
@@ -35,6 +36,10 @@ ZOO_BACKEND = "gloo"
 #: of notebook 12's exercises took 4.7 s a launch; three times that is the allowance, so that a
 #: slower machine (Colab's 2 vCPUs) never reads a right program as stuck.
 HANG_S, HANG_FRESH_S = 2.0, 15.0
+#: Slow is not stuck: a run whose stuck ranks had not yet entered the program when the limit came
+#: (still importing torch, on a busy machine) showed a slow start, not the hang; it is run again
+#: with twice the limit, up to this many runs in all.
+HANG_TRIES = 3
 
 _FRAME = re.compile(r'^\s*File "(.*)", line \d+, in (\S+)$')
 #: frames that are plumbing, not the program: torch's logging decorators, the Flight Recorder's
@@ -89,27 +94,55 @@ def run_broken(fn: Callable[..., Any], *args: Any, world_size: int = 2) -> Hang 
     """Run a program that hangs, on gloo on every machine; print which ranks were stuck, and where.
 
     Each rank keeps its Flight Recorder dump meanwhile (:func:`recording_flight`); they come back
-    in the :class:`Hang`, with the stacks.
+    in the :class:`Hang`, with the stacks. A run stopped before every stuck rank had entered ``fn``
+    (a slow start, not the hang) is made again with twice the limit, up to :data:`HANG_TRIES` runs.
     """
     if not fresh_starts():  # the first launch of a process starts the fork server, which
         # imports torch (seconds): not part of the program's allowance, so it happens before
         launch(_started, world_size, backend=ZOO_BACKEND, init="none", timeout_s=120, echo=False)
+    limit = hang_limit()
+    stopped = _stopped_after(limit, fn, args, world_size)
+    for _ in range(HANG_TRIES - 1):  # slow is not stuck: a rank had not even entered fn yet
+        if stopped is None or _inside(fn, stopped[1].stacks):
+            break
+        limit *= 2
+        stopped = _stopped_after(limit, fn, args, world_size)
+    if stopped is None:
+        print("it finished: no hang")
+        return None
+    message, hang = stopped
+    print("LaunchTimeout:", message)
+    for rank, where in where_stuck(hang.stacks).items():
+        print(f"  rank {rank} was in {where}")
+    return hang
+
+
+def _stopped_after(limit: float, fn: Callable[..., Any], args: tuple,
+                   world_size: int) -> tuple[str, Hang] | None:
+    """One run of ``fn``, stopped after ``limit`` s: the timeout's first sentence and the
+    :class:`Hang`; None if it finished."""
     with tempfile.TemporaryDirectory(prefix="course-flight-") as folder:
-        until = time.time() + hang_limit()  # dumps show the ranks as they hung, not as stopped
+        until = time.time() + limit  # dumps show the ranks as they hung, not as stopped
         try:
             launch(recording_flight(fn, folder, until), world_size, *args, backend=ZOO_BACKEND,
-                   timeout_s=hang_limit(), echo=False)
+                   timeout_s=limit, echo=False)
         except LaunchTimeout as err:
-            print("LaunchTimeout:", str(err).split(". All ranks")[0])
-            for rank, where in where_stuck(err.stacks).items():
-                print(f"  rank {rank} was in {where}")
-            return Hang(_without_recorder(err.stacks), read_flight_records(folder))
-    print("it finished: no hang")
+            return (str(err).split(". All ranks")[0],
+                    Hang(_without_recorder(err.stacks), read_flight_records(folder)))
     return None
 
 
 def _started(rank: int, world_size: int) -> int:
     return rank
+
+
+def _inside(fn: Callable[..., Any], stacks: dict[int, list[str]]) -> bool:
+    """Whether every stuck rank had entered ``fn`` (True where ``fn`` has no name to look for)."""
+    name = getattr(fn, "__name__", None)
+    if name is None:
+        return True
+    return all(any((m := _FRAME.match(line)) and m.group(2) == name for line in lines)
+               for lines in stacks.values())
 
 
 def _without_recorder(stacks: dict[int, list[str]]) -> dict[int, list[str]]:
