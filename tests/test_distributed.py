@@ -67,7 +67,9 @@ def test_a_raising_rank_raises_here_with_its_traceback(start):
     began = time.monotonic()
     with pytest.raises(RankError) as info:
         launch(demos.raise_on_rank, 3, 2, "rank two is unhappy", start=start)
-    assert time.monotonic() - began < 30
+    # reported when it happens, long before the 120 s timeout: three fresh interpreters first import
+    # torch, which on a busy machine (CI's make stress beside two other jobs) takes a while
+    assert time.monotonic() - began < (30 if start == "forkserver" else 90)
     err = info.value
     assert (err.rank, err.exc_type, err.message) == (2, "ValueError", "rank two is unhappy")
     assert "raise ValueError(message)" in err.rank_traceback
