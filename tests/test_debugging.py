@@ -222,17 +222,20 @@ def test_run_broken_runs_on_gloo_where_launch_would_pick_nccl(monkeypatch, capsy
 
 def test_a_run_stopped_before_the_ranks_entered_the_program_is_run_again_longer(monkeypatch, capsys):
     """Slow is not stuck: a rank still starting (importing torch) when the limit comes is not
-    where the program hangs; run_broken runs it again with twice the limit, HANG_TRIES runs at
-    most, and reports the run that counted. Here the ranks are stood in for: the first two runs
-    stop rank 1 before it entered the program."""
+    where the program hangs, nor is one whose Flight Recorder still watches (it began too late for
+    its dump to be final). run_broken then runs the program again with twice the limit,
+    HANG_TRIES runs at most, and reports the run that counted. The runs are stood in for here."""
     frame = '  File "zoo.py", line 3, in {}'
     starting = hangs.Hang({0: [frame.format("eval_on_rank_0_only")], 1: [frame.format("<module>")]}, {})
+    watching = hangs.Hang({0: ["  (another thread)", frame.format("_dump_when_stuck"),
+                               frame.format("eval_on_rank_0_only"), frame.format("all_reduce")]}, {})
     inside = hangs.Hang({0: [frame.format("eval_on_rank_0_only"), frame.format("all_reduce")]}, {})
+    runs = [starting, watching, inside]
     limits = []
 
     def stand_in(limit, fn, args, world_size):
         limits.append(limit)
-        return f"within {limit:g} s", (starting if len(limits) < 3 else inside)
+        return f"within {limit:g} s", runs[len(limits) - 1]
 
     monkeypatch.setattr(hangs, "_stopped_after", stand_in)
     monkeypatch.setattr(hangs, "launch", lambda *args, **kwargs: [0, 1])  # the warm-up
@@ -243,7 +246,10 @@ def test_a_run_stopped_before_the_ranks_entered_the_program_is_run_again_longer(
         f"LaunchTimeout: within {4 * first:g} s", "  rank 0 was in eval_on_rank_0_only -> all_reduce"]
     limits.clear()  # the last run is reported even if a rank is still starting: it is evidence too
     monkeypatch.setattr(hangs, "HANG_TRIES", 2)
-    assert hangs.run_broken(failure_zoo.eval_on_rank_0_only) is starting and len(limits) == 2
+    assert hangs.run_broken(failure_zoo.eval_on_rank_0_only) is watching and len(limits) == 2
+    runs[0] = hangs.Hang({0: []}, {})  # a stack that came back empty says nothing either
+    limits.clear()
+    assert hangs.run_broken(failure_zoo.eval_on_rank_0_only) is watching and len(limits) == 2
 
 
 def test_the_hang_limit_is_longer_where_ranks_are_fresh_interpreters(monkeypatch):

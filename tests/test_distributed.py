@@ -476,16 +476,21 @@ def _dead(pid):
 @pytest.mark.parametrize("then", ["return", "hang"])
 def test_launch_stops_the_processes_its_ranks_started(tmp_path, then):
     pid_file = tmp_path / "child"
+    written = [pid_file.with_suffix(f".{rank}") for rank in range(2)]
     if then == "hang":
         for timeout_s in (3, 6, 12):  # slow is not stuck: a rank stopped before it wrote its
-            with pytest.raises(LaunchTimeout):  # child's pid says nothing; try again, longer
+            for path in written:  # child's pid says nothing; try again, longer
+                path.unlink(missing_ok=True)
+            with pytest.raises(LaunchTimeout):
                 launch(_start_a_child_and, 2, str(pid_file), then, timeout_s=timeout_s, echo=False,
                        stacks=False)
-            if all(pid_file.with_suffix(f".{rank}").exists() for rank in range(2)):
+            if all(path.exists() and path.read_text() for path in written):
                 break
+        else:
+            pytest.fail("no try let both ranks start their child and write its pid")
     else:
         launch(_start_a_child_and, 2, str(pid_file), then, echo=False)
-    pids = [int(pid_file.with_suffix(f".{rank}").read_text()) for rank in range(2)]
+    pids = [int(path.read_text()) for path in written]
     deadline = time.monotonic() + 5
     while not all(_dead(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -51,19 +51,23 @@ def test_kill_tree_leaves_no_worker_even_one_started_while_it_runs():
 
 def test_a_stack_written_in_two_parts_is_read_whole(tmp_path):
     """A rank descheduled halfway through its faulthandler dump leaves a file that stops growing for
-    a while: stacks_of waits until the dump reaches the launcher's frame, the outermost, written
-    last (here 0.5 s after the first part; without the wait it read the first part alone)."""
+    a while: stacks_of waits until the dump reaches the launcher's frames, where the main thread's
+    part ends (here 0.5 s after the first part; without the wait it read the first part alone). A
+    file whose name only ends like the launcher's (torch's _lowrank.py) does not count."""
     from course_utils.launcher import processes
     from course_utils.launcher.processes import RankHandle, stacks_of
 
     launcher = Path(processes.__file__).with_name("rank.py")  # the frame format_stack cuts at
 
     rank = subprocess.Popen([sys.executable, "-c", "import signal, time; "
-                             "signal.signal(signal.SIGUSR1, signal.SIG_IGN); time.sleep(60)"])
+                             "signal.signal(signal.SIGUSR1, signal.SIG_IGN); print('ready', flush=True); "
+                             "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     try:
+        assert rank.stdout.readline() == "ready\n"  # SIGUSR1 would end it before this
         handle = RankHandle(rank=0, process=rank, log=tmp_path / "rank0.log", result=tmp_path / "r")
         handle.stack.write_text('Current thread 0x1 (most recent call first):\n'
-                                '  File "/x/torch/distributed/c10d.py", line 3 in all_reduce\n')
+                                '  File "/x/torch/distributed/c10d.py", line 3 in all_reduce\n'
+                                '  File "/x/torch/_lowrank.py", line 5 in svd_lowrank\n')
 
         def rest():
             time.sleep(0.5)
@@ -76,4 +80,5 @@ def test_a_stack_written_in_two_parts_is_read_whole(tmp_path):
     finally:
         rank.kill()
         rank.wait()
-    assert [line.split(", in ")[-1] for line in stack if ", in " in line] == ["train", "all_reduce"]
+    functions = [line.split(", in ")[-1] for line in stack if ", in " in line]
+    assert functions == ["train", "svd_lowrank", "all_reduce"]

@@ -137,12 +137,13 @@ def _started(rank: int, world_size: int) -> int:
 
 
 def _inside(fn: Callable[..., Any], stacks: dict[int, list[str]]) -> bool:
-    """Whether every stuck rank had entered ``fn`` (True where ``fn`` has no name to look for)."""
+    """Whether the run went on long enough to show the hang: every stuck rank has a stack, had
+    entered ``fn`` (where ``fn`` has a name to look for), and its Flight Recorder had stopped
+    watching (``FLIGHT_LATEST_S`` after ``fn`` began: its thread would show in the stack)."""
     name = getattr(fn, "__name__", None)
-    if name is None:
-        return True
-    return all(any((m := _FRAME.match(line)) and m.group(2) == name for line in lines)
-               for lines in stacks.values())
+    functions = [{m.group(2) for line in lines if (m := _FRAME.match(line))} for lines in stacks.values()]
+    return all(found and (name is None or name in found) and "_dump_when_stuck" not in found
+               for found in functions)
 
 
 def _without_recorder(stacks: dict[int, list[str]]) -> dict[int, list[str]]:

@@ -158,8 +158,8 @@ def stacks_of(stuck: list[RankHandle], wait_s: float = STACKS_WAIT_S) -> dict[in
     while asked and time.monotonic() < deadline:
         time.sleep(STACKS_POLL_S)
         now = {r.rank: r.stack.stat().st_size if r.stack.exists() else 0 for r in asked}
-        # every dump written, none still growing, and each down to the launcher's own frame (the
-        # main thread's outermost), so that a rank descheduled halfway through is waited for
+        # every dump written, none still growing, and each down to the launcher's frames (where the
+        # main thread's part ends), so that a rank descheduled halfway through is waited for
         if all(now.values()) and now == sizes and all(_reaches_the_launcher(r) for r in asked):
             break
         sizes = now
@@ -173,13 +173,23 @@ def stacks_of(stuck: list[RankHandle], wait_s: float = STACKS_WAIT_S) -> dict[in
 
 
 def _reaches_the_launcher(r: RankHandle) -> bool:
+    """Whether the rank's dump is whole: it reached the launcher's frame, or it cannot get longer
+    (faulthandler cut a deep stack short with "  ...", or the rank has exited)."""
     try:
-        return 'rank.py", line' in r.stack.read_text(errors="replace")
+        lines = r.stack.read_text(errors="replace").splitlines()
     except FileNotFoundError:
         return False
+    return (r.process.poll() is not None or "  ..." in lines
+            or any((m := _FRAME.match(line)) and _is_the_launcher(m.group(1)) for line in lines))
 
 
 _FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
+#: the launcher's rank code: a rank's outermost frames (every dump of its main thread ends there)
+_RANK_FILE = os.path.normcase(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank.py"))
+
+
+def _is_the_launcher(path: str) -> bool:
+    return os.path.normcase(os.path.abspath(path)) == _RANK_FILE
 
 
 def format_stack(dump: str) -> list[str]:
@@ -191,11 +201,9 @@ def format_stack(dump: str) -> list[str]:
             threads.append([])
         elif threads and (match := _FRAME.match(line)):
             threads[-1].append((match.group(1), int(match.group(2)), match.group(3)))
-    rank_file = os.path.normcase(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank.py"))
     lines = []
     for frames in threads:  # each thread's frames: most recent call first
-        own = [i for i, (path, _, _) in enumerate(frames)
-               if os.path.normcase(os.path.abspath(path)) == rank_file]
+        own = [i for i, (path, _, _) in enumerate(frames) if _is_the_launcher(path)]
         # fn's frames and what they call; or, when fn has returned, where the launcher's rank
         # code waits (tearing down the group, say)
         mine = (frames[:own[0]] or frames[own[0]:own[0] + 1]) if own else frames
