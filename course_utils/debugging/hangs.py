@@ -36,9 +36,9 @@ ZOO_BACKEND = "gloo"
 #: of notebook 12's exercises took 4.7 s a launch; three times that is the allowance, so that a
 #: slower machine (Colab's 2 vCPUs) never reads a right program as stuck.
 HANG_S, HANG_FRESH_S = 2.0, 15.0
-#: Slow is not stuck: a run whose stuck ranks had not yet entered the program when the limit came
-#: (still importing torch, on a busy machine) showed a slow start, not the hang; it is run again
-#: with twice the limit, up to this many runs in all.
+#: Slow is not stuck: a run stopped before its stuck ranks had been in the program long enough
+#: (still importing torch on a busy machine, or their Flight Recorder still watching) showed a slow
+#: start, not the hang; it is run again with twice the limit, up to this many runs in all.
 HANG_TRIES = 3
 
 _FRAME = re.compile(r'^\s*File "(.*)", line \d+, in (\S+)$')
@@ -94,15 +94,16 @@ def run_broken(fn: Callable[..., Any], *args: Any, world_size: int = 2) -> Hang 
     """Run a program that hangs, on gloo on every machine; print which ranks were stuck, and where.
 
     Each rank keeps its Flight Recorder dump meanwhile (:func:`recording_flight`); they come back
-    in the :class:`Hang`, with the stacks. A run stopped before every stuck rank had entered ``fn``
-    (a slow start, not the hang) is made again with twice the limit, up to :data:`HANG_TRIES` runs.
+    in the :class:`Hang`, with the stacks. A run stopped before every stuck rank had been in ``fn``
+    long enough (a slow start, not the hang) is made again with twice the limit, up to
+    :data:`HANG_TRIES` runs.
     """
     if not fresh_starts():  # the first launch of a process starts the fork server, which
         # imports torch (seconds): not part of the program's allowance, so it happens before
         launch(_started, world_size, backend=ZOO_BACKEND, init="none", timeout_s=120, echo=False)
     limit = hang_limit()
     stopped = _stopped_after(limit, fn, args, world_size)
-    for _ in range(HANG_TRIES - 1):  # slow is not stuck: a rank had not even entered fn yet
+    for _ in range(HANG_TRIES - 1):  # slow is not stuck: stopped before the hang showed
         if stopped is None or _inside(fn, stopped[1].stacks):
             break
         limit *= 2
