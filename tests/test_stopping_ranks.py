@@ -76,7 +76,7 @@ def test_a_stack_written_in_two_parts_is_read_whole(tmp_path):
                         f'  File "{launcher}", line 9 in run\n')
 
         threading.Thread(target=rest, daemon=True).start()
-        stack = stacks_of([handle])[0]
+        stack = stacks_of([handle], wait_s=60)[0]  # a busy machine may delay the second part
     finally:
         rank.kill()
         rank.wait()
