@@ -200,7 +200,7 @@ def _saving_plan(save_and_load: Any) -> Plan:
             if hint and _TORN.search(hint):
                 return (f"{hint.split(':')[0]} reading the checkpoint while rank 0 was still writing it "
                         "(a torn file): no rank may read until rank 0 has finished writing, and a "
-                        "sleep, or watching the file, only guesses when that is")
+                        "sleep only guesses when that is, as does watching the file")
             if hint:
                 return hint + ". A barrier waits until every rank has reached it: every rank must call it"
             hint = _saved_hint(delay, results)  # each case judged as it comes: the first fault first
@@ -209,8 +209,8 @@ def _saving_plan(save_and_load: Any) -> Plan:
             cases.append(results)
     if any(not r["kinds"] for results in cases for r in results):
         return ("every rank read rank 0's weights, but a rank did not wait for rank 0 in a "
-                "collective: a sleep, or watching the file, only guesses when writing has "
-                "finished; a barrier knows")
+                "collective: a sleep only guesses when writing has finished, as does watching the "
+                "file; a barrier knows")
     return None
 
 
